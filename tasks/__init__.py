@@ -1,0 +1,43 @@
+"""Tasks: what a trial does (train and/or evaluate a model) and how it measures it.
+
+`TASKS[name]` names the task's config class and run function by import path, so importing this package (as the
+orchestrator does to validate recipes) loads no torch. A task's `run(config: dict, ctx: RunContext) -> dict`
+receives the whole resolved trial config and returns its summary metrics.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    config: str  # "module:Class", a torch-free stdlib dataclass
+    run: str  # "module:function"
+    doc: str = ""
+
+    def config_cls(self) -> type:
+        return _load(self.config)
+
+    def run_fn(self) -> Callable[[dict, Any], dict]:
+        return _load(self.run)
+
+
+def _load(path: str) -> Any:
+    mod, _, attr = path.partition(":")
+    return getattr(importlib.import_module(mod), attr)
+
+
+TASKS: dict[str, TaskSpec] = {}
+
+
+def register(name: str, config: str, run: str, doc: str = "") -> None:
+    TASKS[name] = TaskSpec(name, config, run, doc)
+
+
+# Orchestration self-test task: sleeps, logs, fails or diverges on request. Used by tests and benchmarks.
+register("debug", "dpx.tasks.debug.config:DebugConfig", "dpx.tasks.debug.task:run",
+         "no model: sleep, log metrics, optionally fail / exit / diverge / hang (for tests and benchmarks)")
+# Tasks register below, one line each.
