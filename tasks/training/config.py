@@ -1,0 +1,76 @@
+"""Recipe sections `train:` and `eval:` shared by every training task. Torch-free (the orchestrator imports it
+to validate recipes). Field docstrings are the documentation users see."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class TrainConfig:
+    __pydantic_config__ = {"extra": "forbid"}
+
+    steps: int = 1000
+    """optimizer steps (upper bound; early stopping may end sooner)"""
+    batch_size: int = 32
+    """sequences per optimizer step (split into micro-batches by grad_accum)"""
+    grad_accum: int = 1
+    """micro-batches per optimizer step"""
+    lr: float = 1e-3
+    """peak learning rate (AdamW)"""
+    min_lr_ratio: float = 0.1
+    """cosine decays to lr * min_lr_ratio"""
+    warmup_steps: int = 0
+    """linear warm-up steps"""
+    schedule: str = "cosine"
+    """cosine | constant | linear"""
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = 1.0
+    """max gradient norm (0 disables)"""
+    precision: str = "auto"
+    """auto (bf16 autocast on CUDA, fp32 on CPU) | fp32 | bf16"""
+    eval_every: int = 100
+    """steps between validation passes"""
+    log_every: int = 10
+    """steps between logged training metrics"""
+    checkpoint_every: int = 200
+    """steps between checkpoints (0: only on preemption and at the end)"""
+    early_stop_metric: str = ""
+    """validation metric that ends training when it reaches early_stop_value ('' disables)"""
+    early_stop_value: float = 1.0
+    max_time_s: float = 0.0
+    """stop training after this many seconds (0: no limit)"""
+    compile: bool = False
+    """torch.compile the model"""
+
+    def __post_init__(self):
+        for k in ("steps", "batch_size", "grad_accum"):
+            if getattr(self, k) < 1:
+                raise ValueError(f"{k}: must be >= 1, got {getattr(self, k)}")
+        if self.lr <= 0:
+            raise ValueError(f"lr: must be > 0, got {self.lr}")
+        if self.schedule not in ("cosine", "constant", "linear"):
+            raise ValueError(f"schedule: must be cosine, constant or linear, got {self.schedule!r}")
+        if self.precision not in ("auto", "fp32", "bf16"):
+            raise ValueError(f"precision: must be auto, fp32 or bf16, got {self.precision!r}")
+        if self.batch_size % self.grad_accum:
+            raise ValueError(f"grad_accum: {self.grad_accum} does not divide batch_size {self.batch_size}")
+        self.betas = tuple(self.betas)
+
+
+@dataclass
+class EvalConfig:
+    __pydantic_config__ = {"extra": "forbid"}
+
+    batch_size: int = 64
+    """sequences per evaluation batch"""
+    num_samples: int = 1000
+    """evaluation sequences (synthetic tasks)"""
+    probe: bool = False
+    """run the task's interpretability probe after training (word problems: Fig. 7 beta / key-PCA probe)"""
+    extra: dict = field(default_factory=dict)
+    """task-specific evaluation options"""
+
+    def __post_init__(self):
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size: must be >= 1, got {self.batch_size}")
