@@ -1,0 +1,205 @@
+"""The contract between tasks and the registry: which metric keys a task writes, and which paper column each feeds.
+
+Task engineers: write the SUMMARY keys below in the dict your `run()` returns (it lands in result.json
+"metrics"), and the CURVE keys through `ctx.log_curve(key, xs, ys)`. Conventions:
+
+- accuracies are fractions in [0, 1] (the registry multiplies by 100 where the paper prints percent);
+- perplexities are plain perplexities (not log); losses are nats per token;
+- one trial = one (model, task variant, seed); the registry takes the best seed where the paper does (Table 2)
+  and the mean over seeds elsewhere.
+
+The registry reads the trial's resolved config to know which paper row a trial is (model variant, size, group,
+language, dataset); `CONFIG_FIELDS` lists the field names it looks for, first match wins. Stdlib only.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+# ---- summary keys (result.json "metrics") -------------------------------------------------------------------
+# Word problems (Fig. 5, Fig. 12): prefix-exact-match accuracy.
+MAX_LEN_ACC90 = "max_len_acc90"  # longest prefix length t with acc_at_pos[t] >= 0.9 (int)
+ACC_AT_TRAIN_LEN = "acc_at_train_len"  # prefix accuracy at the training length (fraction)
+TOKEN_ACC = "token_acc"  # fraction of correct positions
+SEQ_ACC = "seq_acc"  # fraction of fully correct test sequences
+# Formal languages (Table 2): scaled accuracy (a - c) / (1 - c) on test lengths 40-256, 0 = chance, 1 = perfect.
+SCALED_ACC = "scaled_acc"
+# Language modelling (Tables 3, 4; lm-evaluation-harness, zero-shot).
+WIKITEXT_PPL = "wikitext_ppl"  # wikitext word_perplexity
+LAMBADA_PPL = "lambada_ppl"  # lambada_openai perplexity
+LAMBADA_ACC = "lambada_acc"
+PIQA_ACC = "piqa_acc"
+HELLASWAG_ACC_NORM = "hellaswag_acc_norm"
+WINOGRANDE_ACC = "winogrande_acc"
+ARC_E_ACC = "arc_e_acc"
+ARC_C_ACC_NORM = "arc_c_acc_norm"
+AVG_ACC = "avg_acc"  # mean of the six accuracies above (LAMBADA, PIQA, Hella, Wino, ARC-e, ARC-c)
+SIX_TASKS = (LAMBADA_ACC, PIQA_ACC, HELLASWAG_ACC_NORM, WINOGRANDE_ACC, ARC_E_ACC, ARC_C_ACC_NORM)
+# Throughput (Fig. 4) and model size.
+TOKENS_PER_S = "tokens_per_s"  # training tokens per second (forward + backward + optimizer step)
+NUM_PARAMS = "num_params"  # total parameter count (int); used to place LM trials in the paper's size rows
+# Length extrapolation (Fig. 8) and effective rank (Fig. 9): optional summaries; the registry derives them from the
+# curves when absent (see views in schema.py).
+LOSS_IN_CTX = "loss_in_ctx"  # mean per-position loss at positions <= training context
+LOSS_BEYOND_CTX = "loss_beyond_ctx"  # mean per-position loss at positions > training context
+
+# ---- curve keys (metrics.jsonl kind="curve", step = position) ---------------------------------------------------
+CURVE_ACC_AT_POS = "acc_at_pos"  # Fig. 5: prefix accuracy at position t (t = 1..test length)
+CURVE_LOSS_AT_POS = "loss_at_pos"  # Fig. 8: "loss_at_pos/<dataset>" (e.g. loss_at_pos/codeparrot), raw, unsmoothed
+CURVE_ERANK = "erank"  # Fig. 9: "erank/l<layer>/h<head>" (e.g. erank/l20/h3): effective rank of the state at t
+FIG8_MOVING_AVERAGE = 501  # the paper's moving-average window (tokens) for Fig. 8
+
+# ---- where the registry finds a trial's identity in its resolved config (first match wins) --------------------
+CONFIG_FIELDS: dict[str, tuple[str, ...]] = {
+    "family": ("model.family", "model.mixer", "model.arch", "model.name"),
+    "n_h": ("model.num_householder", "model.n_h"),
+    "gated": ("model.use_forget_gate",),
+    "neg_eigval": ("model.allow_neg_eigval",),  # True: beta in [0,2] (eigenvalues in [-1,1])
+    "beta_range": ("model.beta_range", "model.eigval_range"),  # alternative: "[-1,1]" / "[0,1]"
+    "num_layers": ("model.num_layers", "model.num_hidden_layers", "model.n_layers"),
+    "num_heads": ("model.num_heads",),
+    "head_dim": ("model.head_dim",),
+    "size": ("model.size", "model.preset", "task.size"),  # e.g. "213M"; else num_params decides
+    "matching": ("model.matching", "model.match", "model.param_matching"),  # none | heads | head_dim | mlp
+    "group": ("task.group",),  # S3 | S4 | A5 | S5
+    "language": ("task.language", "task.name_variant", "task.variant"),  # parity | mod_arith | mod_arith_brackets
+    "dataset": ("task.dataset", "eval.dataset", "task.data"),
+    "train_len": ("task.train_len", "task.seq_len", "task.context_len", "train.seq_len"),
+    "seq_len": ("task.seq_len", "task.context_len"),
+    "batch_size": ("train.batch_size",),
+}
+
+PAPER_SIZES = {"213M": 213e6, "392M": 392e6, "805M": 805e6}
+SIZE_TOLERANCE = 0.10  # a trial with num_params within 10% of a paper size is that size's row
+
+LANGUAGE_ALIASES = {
+    "parity": "parity", "parity_check": "parity",
+    "mod_arith": "mod_arith", "modular_arithmetic": "mod_arith", "mod_arith_no_brackets": "mod_arith",
+    "mod_arith_brackets": "mod_arith_brackets", "modular_arithmetic_brackets": "mod_arith_brackets",
+}
+
+
+@dataclass(frozen=True)
+class Column:
+    """One paper column: the summary key it comes from, the factor to the paper's unit, and the better direction."""
+    paper: str  # column name in the reference CSV and in compare output
+    key: str  # our summary key
+    scale: float = 1.0  # ours * scale = paper's unit (100 for accuracies printed as percent)
+    higher_is_better: bool = True
+    language: str | None = None  # Table 2: the column holds `key` of the trials of this formal language only
+
+
+# Which summary key fills which paper column, per paper table. Reference CSVs use the `paper` names.
+TABLE_COLUMNS: dict[str, tuple[Column, ...]] = {
+    # Table 2's "avg" is the mean of the three language columns (computed by compare when all three exist).
+    "table2": (Column("parity", SCALED_ACC, language="parity"), Column("mod_arith", SCALED_ACC, language="mod_arith"),
+               Column("mod_arith_brackets", SCALED_ACC, language="mod_arith_brackets")),
+    "table3": (Column("wiki_ppl", WIKITEXT_PPL, 1.0, False), Column("lambada_ppl", LAMBADA_PPL, 1.0, False),
+               Column("lambada_acc", LAMBADA_ACC, 100.0), Column("piqa_acc", PIQA_ACC, 100.0),
+               Column("hellaswag_acc_norm", HELLASWAG_ACC_NORM, 100.0),
+               Column("winogrande_acc", WINOGRANDE_ACC, 100.0), Column("arc_e_acc", ARC_E_ACC, 100.0),
+               Column("arc_c_acc_norm", ARC_C_ACC_NORM, 100.0), Column("avg_acc", AVG_ACC, 100.0)),
+    "table4": (Column("avg_acc", AVG_ACC, 100.0),),
+    "table5": (Column("avg_acc", AVG_ACC, 100.0),),
+}
+
+
+def get_path(cfg: dict, path: str) -> Any:
+    """cfg["a"]["b"] for "a.b"; None when any part is missing."""
+    cur: Any = cfg
+    for part in path.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            return None
+        cur = cur[part]
+    return cur
+
+
+def lookup(cfg: dict, concept: str) -> Any:
+    for p in CONFIG_FIELDS[concept]:
+        v = get_path(cfg, p)
+        if v is not None:
+            return v
+    return None
+
+
+def beta_range(cfg: dict) -> str | None:
+    """'[-1,1]' (beta in [0,2]) or '[0,1]' (beta in [0,1]): the paper's eigenvalue-range suffix."""
+    br = lookup(cfg, "beta_range")
+    if br is not None:
+        s = str(br).replace(" ", "")
+        return {"[0,2]": "[-1,1]", "[-1,1]": "[-1,1]", "[0,1]": "[0,1]"}.get(s, s)
+    neg = lookup(cfg, "neg_eigval")
+    if neg is None:
+        return None
+    return "[-1,1]" if neg else "[0,1]"
+
+
+def model_label(cfg: dict) -> str:
+    """The paper's row name for a trial's model: DeltaNet, DeltaProduct_2, Gated DeltaProduct_3, or the family."""
+    fam = str(lookup(cfg, "family") or "").lower()
+    n_h = lookup(cfg, "n_h")
+    gated = bool(lookup(cfg, "gated")) or fam.startswith("gated")
+    base = fam.replace("gated_", "").replace("gated-", "").replace("gated", "").replace("-", "_")
+    if base in ("deltaproduct", "delta_product", "deltanet", "delta_net", "") and (n_h is not None or base):
+        n = int(n_h or 1)
+        name = "DeltaNet" if n == 1 else f"DeltaProduct_{n}"
+        return f"Gated {name}" if gated else name
+    return fam or "unknown"
+
+
+def size_label(cfg: dict, num_params: float | None) -> str | None:
+    """The paper's size row ('213M', '392M', '805M') when the config names it or num_params is within 10%."""
+    s = lookup(cfg, "size")
+    if s is not None:
+        m = re.search(r"(\d+)\s*[mM]", str(s))
+        if m and f"{m.group(1)}M" in PAPER_SIZES:
+            return f"{m.group(1)}M"
+    if num_params:
+        for label, n in PAPER_SIZES.items():
+            if abs(num_params - n) <= SIZE_TOLERANCE * n:
+                return label
+        return f"{num_params / 1e6:.3g}M"
+    return str(s) if s is not None else None
+
+
+def matching(cfg: dict, recipe: str) -> str | None:
+    """Parameter-matching mode: from the config, else from the recipe name (table3 = head_dim, table4 = heads)."""
+    m = lookup(cfg, "matching")
+    if m is not None:
+        return str(m)
+    r = (recipe or "").lower()
+    if r.startswith("table3"):
+        return "head_dim"
+    if r.startswith("table4"):
+        return "heads"
+    return None
+
+
+def language(cfg: dict) -> str | None:
+    lang = lookup(cfg, "language")
+    if lang is None:
+        name = str(get_path(cfg, "task.name") or "")
+        lang = name if name in LANGUAGE_ALIASES else None
+    return LANGUAGE_ALIASES.get(str(lang), str(lang)) if lang is not None else None
+
+
+def identity(cfg: dict, recipe: str, num_params: float | None = None) -> dict[str, Any]:
+    """A trial's paper-row attributes; ingest stores them as columns of the `trials` table."""
+    n_h = lookup(cfg, "n_h")
+    layers = lookup(cfg, "num_layers")
+    tl = lookup(cfg, "train_len")
+    return {
+        "model_label": model_label(cfg),
+        "n_h": int(n_h) if n_h is not None else None,
+        "gated": bool(lookup(cfg, "gated")) or str(lookup(cfg, "family") or "").lower().startswith("gated"),
+        "beta_range": beta_range(cfg),
+        "num_layers": int(layers) if layers is not None else None,
+        "size_label": size_label(cfg, num_params),
+        "matching": matching(cfg, recipe),
+        "task_name": get_path(cfg, "task.name"),
+        "group_name": lookup(cfg, "group"),
+        "language": language(cfg),
+        "dataset": lookup(cfg, "dataset"),
+        "train_len": int(tl) if tl is not None else None,
+    }
