@@ -1,0 +1,121 @@
+"""Parameter matching (the paper's "matching mode") and `dpx params`.
+
+Given a model and a reference (`matching.reference`: fields that turn this model into the reference one), solve
+one free dimension so the total parameter count lands within `matching.tolerance` (1%) of the reference:
+- heads:    the head count (trading heads for Householders: H * (2 n_h + 2) roughly constant at fixed head_dim),
+            rounded up to a multiple of `heads_multiple`; if that alone misses the tolerance, hidden_size is then
+            trimmed in steps of `hidden_multiple`. This reproduces the authors' LM configs (213M: n_h=2 -> 6 heads at
+            d=736, n_h=3 -> 4 heads at d=768; 805M: 12 heads at d=1468 / 8 heads at d=1536).
+- head_dim: the per-head key dimension, heads fixed.
+- mlp:      the SwiGLU width (intermediate_size).
+Counts are exact: one block is built on torch's meta device (no memory) and multiplied by num_layers.
+"""
+from __future__ import annotations
+
+import math
+
+from .config import ModelConfig
+
+
+def _block_params(cfg: ModelConfig) -> int:
+    import torch
+
+    from .lm import Block
+    with torch.device("meta"):
+        block = Block(cfg, 0)
+    return sum(p.numel() for p in block.parameters())
+
+
+def count_params(cfg: ModelConfig, exclude_embeddings: bool = False) -> int:
+    """Exact parameter count of build_model(cfg) without matching (cfg taken as is)."""
+    d = cfg.hidden_size
+    emb = cfg.vocab_size * d
+    head = 0 if (cfg.tie_embeddings and cfg.num_classes is None) else cfg.output_size * d
+    total = emb + cfg.num_layers * _block_params(cfg) + d + head  # + final norm
+    return total - emb if exclude_embeddings else total
+
+
+def reference_config(cfg: ModelConfig) -> ModelConfig:
+    return cfg.replace(**cfg.matching.reference, matching={"mode": "none"})
+
+
+def _rel(n: int, ref: int) -> float:
+    return (n - ref) / ref
+
+
+def _best(cands, ref: int):
+    """(config, count) closest to ref among candidate configs (invalid ones skipped)."""
+    best = None
+    for c in cands:
+        n = count_params(c)
+        if best is None or abs(n - ref) < abs(best[1] - ref):
+            best = (c, n)
+    return best
+
+
+def _try(cfg: ModelConfig, **changes):
+    try:
+        return cfg.replace(**changes)
+    except ValueError:
+        return None
+
+
+def solve(cfg: ModelConfig) -> tuple[ModelConfig, dict]:
+    """Resolve matching: returns (config with the free dimension set and matching.mode 'none', info dict)."""
+    m = cfg.matching
+    plain = cfg.replace(matching={"mode": "none"})
+    if m.mode == "none":
+        return plain, {"mode": "none", "params": None, "reference_params": None, "matched": ""}
+    ref_cfg = reference_config(cfg)
+    ref = count_params(ref_cfg)
+    tol = m.tolerance
+    hd = cfg.key_dim  # keep the per-head size fixed when heads change
+    if m.mode == "heads":
+        cands = [c for c in (_try(plain, num_heads=h, head_dim=hd) for h in range(1, 4 * ref_cfg.num_heads * 2 + 1)) if c]
+        out, n = _best(cands, ref)
+        if abs(_rel(n, ref)) > tol:
+            # heads alone miss: like the authors, round the exact head count up and trim hidden_size
+            per_head = count_params(plain.replace(num_heads=2, head_dim=hd)) - count_params(plain.replace(num_heads=1, head_dim=hd))
+            base = count_params(plain.replace(num_heads=1, head_dim=hd)) - per_head
+            h = max(1, math.ceil((ref - base) / per_head))
+            h = m.heads_multiple * math.ceil(h / m.heads_multiple)
+            step = m.hidden_multiple
+            hid = [s for s in range(step, 2 * cfg.hidden_size + 1, step)]
+            out, n = _best((c for c in (_try(plain, num_heads=h, head_dim=hd, hidden_size=s) for s in hid) if c), ref)
+        matched = f"num_heads={out.num_heads}" + (f", hidden_size={out.hidden_size}" if out.hidden_size != cfg.hidden_size else "")
+    elif m.mode == "head_dim":
+        cands = (_try(plain, head_dim=k) for k in range(1, 4 * max(ref_cfg.key_dim, 1) + 1))
+        out, n = _best((c for c in cands if c), ref)
+        matched = f"head_dim={out.key_dim}"
+    else:  # mlp
+        lo, hi = 1, 8 * max(ref_cfg.mlp_size, cfg.hidden_size)
+        # params are affine in intermediate_size: solve directly, then check neighbours
+        n1, n2 = count_params(plain.replace(intermediate_size=lo)), count_params(plain.replace(intermediate_size=lo + 1))
+        guess = max(1, round(lo + (ref - n1) / (n2 - n1)))
+        out, n = _best((plain.replace(intermediate_size=i) for i in range(max(1, guess - 2), min(hi, guess + 2) + 1)), ref)
+        matched = f"intermediate_size={out.intermediate_size}"
+    if abs(_rel(n, ref)) > tol:
+        raise ValueError(f"matching.mode: {m.mode} cannot bring {n:,} parameters within {tol:.1%} of the reference's "
+                         f"{ref:,} (best: {matched}); choose another mode or reference")
+    return out, {"mode": m.mode, "params": n, "reference_params": ref, "matched": matched, "rel_diff": _rel(n, ref)}
+
+
+def resolve(cfg: ModelConfig) -> ModelConfig:
+    return solve(cfg)[0] if cfg.matching.mode != "none" else cfg
+
+
+def param_report(model_cfgs) -> list[dict]:
+    """For `dpx params`: one row per model config (ModelConfig or dict):
+    {family, num_householder, params, non_embedding_params, reference_params, rel_diff, mode, matched, config}."""
+    rows = []
+    for c in model_cfgs:
+        cfg = ModelConfig.from_dict(c) if isinstance(c, dict) else c
+        out, info = solve(cfg)
+        rows.append({
+            "family": out.family, "num_householder": out.num_householder,
+            "hidden_size": out.hidden_size, "num_heads": out.num_heads, "head_dim": out.key_dim,
+            "params": count_params(out), "non_embedding_params": count_params(out, exclude_embeddings=True),
+            "reference_params": info["reference_params"], "rel_diff": info.get("rel_diff"),
+            "mode": info["mode"], "matched": info["matched"], "config": out.to_dict(),
+        })
+    return rows
