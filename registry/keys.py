@@ -142,7 +142,7 @@ def model_label(cfg: dict) -> str:
     gated = bool(lookup(cfg, "gated")) or fam.startswith("gated")
     base = fam.replace("gated_", "").replace("gated-", "").replace("gated", "").replace("-", "_")
     if base in ("deltaproduct", "delta_product", "deltanet", "delta_net", "") and (n_h is not None or base):
-        n = int(n_h or 1)
+        n = _int(n_h) or 1
         name = "DeltaNet" if n == 1 else f"DeltaProduct_{n}"
         return f"Gated {name}" if gated else name
     return fam or "unknown"
@@ -184,22 +184,33 @@ def language(cfg: dict) -> str | None:
     return LANGUAGE_ALIASES.get(str(lang), str(lang)) if lang is not None else None
 
 
+def _int(v: Any) -> int | None:
+    try:
+        return int(v) if v is not None and not isinstance(v, bool) else None
+    except (TypeError, ValueError):
+        return None
+
+
 def identity(cfg: dict, recipe: str, num_params: float | None = None) -> dict[str, Any]:
     """A trial's paper-row attributes; ingest stores them as columns of the `trials` table."""
     n_h = lookup(cfg, "n_h")
     layers = lookup(cfg, "num_layers")
     tl = lookup(cfg, "train_len")
+    sl, bs, nh = lookup(cfg, "seq_len"), lookup(cfg, "batch_size"), lookup(cfg, "num_heads")
     return {
         "model_label": model_label(cfg),
-        "n_h": int(n_h) if n_h is not None else None,
+        "n_h": _int(n_h),
         "gated": bool(lookup(cfg, "gated")) or str(lookup(cfg, "family") or "").lower().startswith("gated"),
         "beta_range": beta_range(cfg),
-        "num_layers": int(layers) if layers is not None else None,
+        "num_layers": _int(layers),
         "size_label": size_label(cfg, num_params),
         "matching": matching(cfg, recipe),
         "task_name": get_path(cfg, "task.name"),
         "group_name": lookup(cfg, "group"),
         "language": language(cfg),
         "dataset": lookup(cfg, "dataset"),
-        "train_len": int(tl) if tl is not None else None,
+        "train_len": _int(tl),
+        "seq_len": _int(sl),
+        "batch_size": _int(bs),
+        "num_heads": _int(nh),
     }

@@ -1,0 +1,307 @@
+"""Build the results database from run dirs: `ingest(db_path, trials) -> stats`.
+
+Every call rebuilds the whole file from the run dirs (the source of truth), so ingesting twice gives the same
+rows and nothing is ever duplicated. The new database is written to a temporary file beside `db_path` and moved
+over it with os.replace: readers (`dpx query`, opened read-only) keep the old inode until they close and never
+see a half-built or locked file; two concurrent ingests each finish and the last rename wins.
+Run dirs are only read. Damage (truncated metrics.jsonl, missing result.json) becomes a warning in the stats and
+in the `ingest_warnings` table; the trial's good parts and all other trials are still ingested.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+
+from . import keys as K
+from . import reference, views
+from .rundir import RunDirData, read_run_dir
+
+SECTIONS = ("model", "task", "train", "eval", "hardware")
+SCHEMA_VERSION = 1
+
+# Fixed columns of `trials` (name, SQL type). Flattened config columns (`model__num_householder`, ...) follow.
+TRIAL_COLUMNS: list[tuple[str, str]] = [
+    ("trial_id", "VARCHAR"), ("recipe", "VARCHAR"), ("status", "VARCHAR"), ("attempts", "INTEGER"),
+    ("seed", "BIGINT"), ("config_version", "BIGINT"),
+    ("model_label", "VARCHAR"), ("n_h", "INTEGER"), ("gated", "BOOLEAN"), ("beta_range", "VARCHAR"),
+    ("num_layers", "INTEGER"), ("num_heads", "INTEGER"), ("size_label", "VARCHAR"), ("matching", "VARCHAR"),
+    ("task_name", "VARCHAR"), ("group_name", "VARCHAR"), ("language", "VARCHAR"), ("dataset", "VARCHAR"),
+    ("train_len", "INTEGER"), ("seq_len", "INTEGER"), ("batch_size", "INTEGER"), ("num_params", "DOUBLE"),
+    ("submitted_at", "TIMESTAMP"), ("started_at", "TIMESTAMP"), ("ended_at", "TIMESTAMP"),
+    ("duration_s", "DOUBLE"), ("host", "VARCHAR"), ("device", "VARCHAR"), ("mlflow_run_id", "VARCHAR"),
+    ("error", "VARCHAR"), ("run_dir", "VARCHAR"), ("n_warnings", "INTEGER"), ("config", "JSON"),
+]
+TIME_COLUMNS = {"submitted_at", "started_at", "ended_at"}
+
+
+def flatten_config(cfg: dict) -> dict[str, Any]:
+    """{"model": {"num_householder": 2}} -> {"model__num_householder": 2}: section__key, nested dicts joined by
+    '__', characters other than [A-Za-z0-9_] replaced by '_'. Lists stay one value (stored as JSON text)."""
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, v: Any) -> None:
+        if isinstance(v, dict):  # an empty mapping adds no column (it stays in the config JSON)
+            for k, vv in v.items():
+                walk(f"{prefix}__{_safe(str(k))}", vv)
+        else:
+            out[prefix] = v
+
+    for sec in SECTIONS:
+        if isinstance(cfg.get(sec), dict):
+            walk(sec, cfg[sec])
+    return out
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c == "_" else "_" for c in name)
+
+
+def _sql_type(values: list[Any]) -> str:
+    vals = [v for v in values if v is not None]
+    if vals and all(isinstance(v, bool) for v in vals):
+        return "BOOLEAN"
+    if vals and all(isinstance(v, int) and not isinstance(v, bool) for v in vals):
+        return "BIGINT"
+    if vals and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
+        return "DOUBLE"
+    return "VARCHAR"
+
+
+def _text(v: Any, sql_type: str) -> str | None:
+    """Stage every value as text; the INSERT casts it to the column's type (exact for ints, JSON for lists)."""
+    if v is None:
+        return None
+    if isinstance(v, float) and math.isnan(v):
+        return None
+    if sql_type == "BOOLEAN":
+        return "true" if v else "false"
+    if sql_type in ("BIGINT", "DOUBLE"):
+        return repr(v) if isinstance(v, float) else str(int(v))
+    if sql_type == "JSON":
+        return json.dumps(v, sort_keys=True, default=str)
+    return v if isinstance(v, str) else json.dumps(v, sort_keys=True, default=str)
+
+
+def _flatten_summary(metrics: Any, prefix: str = "") -> list[tuple[str, float | None, str]]:
+    out = []
+    if not isinstance(metrics, dict):
+        return out
+    for k, v in metrics.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out += _flatten_summary(v, key + "/")
+            continue
+        num = None
+        if isinstance(v, (int, float)):
+            num = float(v)
+            num = None if math.isnan(num) else num
+        out.append((key, num, json.dumps(v, default=str, allow_nan=True)))
+    return out
+
+
+def _insert(con: duckdb.DuckDBPyConnection, table: str, cols: list[tuple[str, str]], rows: list[tuple]) -> int:
+    """Bulk insert through a registered dict of numpy arrays (executemany is ~1000x slower in DuckDB)."""
+    if not rows:
+        return 0
+    data = {}
+    for i, (name, typ) in enumerate(cols):
+        vals = [r[i] for r in rows]
+        if typ in ("DOUBLE",):
+            # NaN in a float64 array arrives in DuckDB as NULL
+            data[f"c{i}"] = np.array([np.nan if v is None else float(v) for v in vals], dtype=np.float64)
+        else:
+            data[f"c{i}"] = np.array(vals, dtype=object)
+    con.register("_buf", data)
+    sel = ", ".join(f"CAST(c{i} AS {typ})" for i, (_, typ) in enumerate(cols))
+    con.execute(f"INSERT INTO {table} ({', '.join(views.ident(n) for n, _ in cols)}) SELECT {sel} FROM _buf")
+    con.unregister("_buf")
+    return len(rows)
+
+
+def _epoch(v: Any) -> float | None:
+    try:
+        return float(v) if v is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _create_paper_tables(con: duckdb.DuckDBPyConnection) -> None:
+    long_rows = []
+    for name in ("table2", "table3", "table4", "table5", "fig5"):
+        cols, rows = reference.load_table(name)
+        types = [("VARCHAR" if c in reference.TEXT_COLUMNS else "DOUBLE") for c in cols]
+        if name == "fig5":
+            types = ["VARCHAR" if c in reference.TEXT_COLUMNS else "INTEGER" for c in cols]
+        con.execute(f"CREATE TABLE paper_{name} ({', '.join(f'{views.ident(c)} {t}' for c, t in zip(cols, types))})")
+        _insert(con, f"paper_{name}", list(zip(cols, types)), [tuple(_text(v, t) if t != "DOUBLE" else v
+                                                                        for v, t in zip(r, types)) for r in rows])
+        row_key_cols = [c for c in cols if c in ("size", "model", "beta_range", "group")]
+        for r in rows:
+            d = dict(zip(cols, r))
+            rk = " | ".join(str(d[c]) for c in row_key_cols)
+            for c, v in d.items():
+                if c not in reference.TEXT_COLUMNS and v is not None:
+                    long_rows.append((name, rk, c, float(v), d["source"], d.get("note")))
+    con.execute("CREATE TABLE paper (name VARCHAR, row_key VARCHAR, column_name VARCHAR, value DOUBLE, "
+                "source VARCHAR, note VARCHAR)")
+    _insert(con, "paper", [("name", "VARCHAR"), ("row_key", "VARCHAR"), ("column_name", "VARCHAR"),
+                           ("value", "DOUBLE"), ("source", "VARCHAR"), ("note", "VARCHAR")], long_rows)
+    figs = reference.load_figures()
+    claims, settings = [], []
+    for fig, spec in figs.items():
+        for c in spec.get("claims", []):
+            claims.append((fig, c["id"], c["text"], c["source"]))
+        for k, v in spec.get("settings", {}).items():
+            settings.append((fig, k, json.dumps(v)))
+    con.execute("CREATE TABLE paper_claims (figure VARCHAR, id VARCHAR, text VARCHAR, source VARCHAR)")
+    _insert(con, "paper_claims", [("figure", "VARCHAR"), ("id", "VARCHAR"), ("text", "VARCHAR"),
+                                  ("source", "VARCHAR")], claims)
+    con.execute("CREATE TABLE paper_settings (figure VARCHAR, key VARCHAR, value JSON)")
+    _insert(con, "paper_settings", [("figure", "VARCHAR"), ("key", "VARCHAR"), ("value", "JSON")], settings)
+
+
+def _trial_row(t: dict, data: RunDirData) -> tuple[dict[str, Any], dict[str, Any]]:
+    cfg = t.get("config") or data.config or {}
+    if not isinstance(cfg, dict):
+        data.warnings.append(f"trial {t.get('trial_id')}: config is not a mapping; ignored")
+        cfg = {}
+    result = data.result or {}
+    summary = result.get("metrics") if isinstance(result.get("metrics"), dict) else {}
+    num_params = summary.get(K.NUM_PARAMS)
+    num_params = float(num_params) if isinstance(num_params, (int, float)) and not isinstance(num_params, bool) else None
+    recipe = t.get("recipe") or cfg.get("recipe")
+    try:
+        ident = K.identity(cfg, recipe or "", num_params)
+    except Exception as e:  # a config shape keys.py did not foresee must not stop the ingest
+        data.warnings.append(f"trial {t.get('trial_id')}: paper-row identity failed ({type(e).__name__}: {e})")
+        ident = {}
+    started = _epoch(t.get("started_at")) or _epoch(result.get("started_at"))
+    ended = _epoch(t.get("ended_at")) or _epoch(result.get("ended_at"))
+    err = t.get("error") or (data.error or {}).get("error")
+    row = {
+        "trial_id": t["trial_id"], "recipe": recipe, "status": t.get("status"), "attempts": t.get("attempts"),
+        "seed": cfg.get("seed"), "config_version": cfg.get("version"), **ident, "num_params": num_params,
+        "submitted_at": _epoch(t.get("submitted_at")), "started_at": started, "ended_at": ended,
+        "duration_s": (ended - started) if started is not None and ended is not None else None,
+        "host": t.get("host") or result.get("host"), "device": t.get("device") or result.get("device"),
+        "mlflow_run_id": t.get("mlflow_run_id"), "error": str(err).splitlines()[0] if err else None,
+        "run_dir": str(t.get("run_dir")) if t.get("run_dir") else None, "n_warnings": len(data.warnings),
+        "config": cfg,
+    }
+    return row, flatten_config(cfg)
+
+
+def _build(con: duckdb.DuckDBPyConnection, trials: list[dict], stats: dict) -> None:
+    _create_paper_tables(con)
+    seen: dict[str, dict] = {}
+    for t in trials:
+        tid = t.get("trial_id")
+        if not tid:
+            stats["warnings"].append(f"trial without trial_id skipped: {str(t)[:80]}")
+            continue
+        if tid in seen:
+            stats["warnings"].append(f"trial {tid} listed twice; the last entry is kept")
+        seen[tid] = t
+
+    rows, flats, metrics, curves, summary, figures, warn_rows = [], [], [], [], [], [], []
+    for tid, t in seen.items():
+        data = read_run_dir(t.get("run_dir"), expect_result=t.get("status") == "completed")
+        row, flat = _trial_row(t, data)
+        rows.append(row)
+        flats.append(flat)
+        metrics += [(tid, k, s, v, tm, "scalar") for k, s, v, tm in data.scalars]
+        curves += [(tid, k, x, y) for k, x, y in data.curves]
+        if data.result is not None:
+            summary += [(tid, k, v, j) for k, v, j in _flatten_summary(data.result.get("metrics"))]
+        figures += [(tid, p.stem, str(p), p.stat().st_size) for p in data.figures]
+        warn_rows += [(tid, w) for w in data.warnings]
+        stats["warnings"] += [f"trial {tid}: {w}" for w in data.warnings]
+
+    # trials: fixed columns + the union of flattened config columns, typed by their values across trials.
+    flat_names = sorted({k for f in flats for k in f})
+    flat_types = {n: _sql_type([f.get(n) for f in flats]) for n in flat_names}
+    cols = TRIAL_COLUMNS + [(n, flat_types[n]) for n in flat_names]
+    con.execute("CREATE TABLE trials (" + ", ".join(f"{views.ident(n)} {t}" for n, t in cols)
+                + ", PRIMARY KEY (trial_id))")
+    staged = []
+    for row, flat in zip(rows, flats):
+        vals = []
+        for n, typ in cols:
+            v = row.get(n) if n in row else flat.get(n)
+            vals.append(v if n in TIME_COLUMNS else _text(v, typ))
+        staged.append(tuple(vals))
+    # timestamps are staged as unix seconds and converted by the INSERT below (UTC, naive TIMESTAMP)
+    stage_cols = [(n, "DOUBLE" if n in TIME_COLUMNS else t) for n, t in cols]
+    stats["trials"] = len(staged)
+    con.execute("CREATE TEMP TABLE trials_stage AS SELECT * FROM trials LIMIT 0")
+    for n in TIME_COLUMNS:
+        con.execute(f"ALTER TABLE trials_stage ALTER {n} TYPE DOUBLE")
+    _insert(con, "trials_stage", stage_cols, staged)
+    sel = ", ".join(f"epoch_ms(CAST({n} * 1000 AS BIGINT))" if n in TIME_COLUMNS else views.ident(n)
+                    for n, _ in cols)
+    con.execute(f"INSERT INTO trials SELECT {sel} FROM trials_stage")
+    con.execute("DROP TABLE trials_stage")
+
+    con.execute("CREATE TABLE metrics (trial_id VARCHAR, key VARCHAR, step BIGINT, value DOUBLE, time DOUBLE, "
+                "kind VARCHAR)")
+    stats["metrics"] = _insert(con, "metrics", [("trial_id", "VARCHAR"), ("key", "VARCHAR"), ("step", "DOUBLE"),
+                                                ("value", "DOUBLE"), ("time", "DOUBLE"), ("kind", "VARCHAR")], metrics)
+    con.execute("CREATE TABLE curves (trial_id VARCHAR, key VARCHAR, x DOUBLE, y DOUBLE)")
+    stats["curves"] = _insert(con, "curves", [("trial_id", "VARCHAR"), ("key", "VARCHAR"), ("x", "DOUBLE"),
+                                              ("y", "DOUBLE")], curves)
+    con.execute("CREATE TABLE summary (trial_id VARCHAR, key VARCHAR, value DOUBLE, value_json JSON)")
+    stats["summary"] = _insert(con, "summary", [("trial_id", "VARCHAR"), ("key", "VARCHAR"), ("value", "DOUBLE"),
+                                                ("value_json", "JSON")], summary)
+    con.execute("CREATE TABLE figures (trial_id VARCHAR, name VARCHAR, path VARCHAR, bytes BIGINT)")
+    stats["figures"] = _insert(con, "figures", [("trial_id", "VARCHAR"), ("name", "VARCHAR"), ("path", "VARCHAR"),
+                                                ("bytes", "BIGINT")], figures)
+    con.execute("CREATE TABLE ingest_warnings (trial_id VARCHAR, message VARCHAR)")
+    _insert(con, "ingest_warnings", [("trial_id", "VARCHAR"), ("message", "VARCHAR")], warn_rows)
+
+    for name, sql in views.PAPER_VIEWS.items():
+        con.execute(f"CREATE VIEW {name} AS {sql()}")
+    recipes = sorted({r["recipe"] for r in rows if r["recipe"]})
+    for recipe in recipes:
+        mine = [(r, f) for r, f in zip(rows, flats) if r["recipe"] == recipe]
+        cfg_cols = sorted({k for _, f in mine for k, v in f.items() if v is not None})
+        skeys = sorted({k for tid, k, _, _ in summary if tid in {r["trial_id"] for r, _ in mine}})
+        con.execute(f"CREATE VIEW {views.ident(views.view_name_for_recipe(recipe))} AS "
+                    f"{views.recipe_view(recipe, cfg_cols, skeys)}")
+    stats["recipes"] = recipes
+    con.execute("CREATE TABLE meta (key VARCHAR, value VARCHAR)")
+    con.execute("INSERT INTO meta VALUES ('schema_version', ?), ('built_at', ?), ('trials', ?)",
+                [str(SCHEMA_VERSION), str(time.time()), str(len(rows))])
+
+
+def ingest(db_path: str | os.PathLike, trials: list[dict]) -> dict:
+    """(Re)build the DuckDB file at db_path from the trials' run dirs; return counts and warnings."""
+    t0 = time.time()
+    db_path = Path(db_path)
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = db_path.with_name(f".{db_path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    stats: dict[str, Any] = {"db_path": str(db_path), "warnings": []}
+    con = duckdb.connect(str(tmp), config={"autoinstall_known_extensions": False})
+    try:
+        _build(con, trials, stats)
+        con.execute("CHECKPOINT")
+        con.close()
+        stale_wal = Path(str(db_path) + ".wal")
+        if stale_wal.exists():  # a WAL of an older file must not be replayed onto the new one; keep it aside
+            os.replace(stale_wal, stale_wal.with_name(f"{stale_wal.name}.stale-{int(time.time())}"))
+        os.replace(tmp, db_path)
+    except BaseException:
+        con.close()
+        for p in (tmp, Path(str(tmp) + ".wal")):  # our own half-built temp file only
+            if p.exists():
+                p.unlink()
+        raise
+    stats["seconds"] = round(time.time() - t0, 3)
+    return stats

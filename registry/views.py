@@ -1,0 +1,182 @@
+"""SQL for the views: one per paper table/figure (ours beside the paper's) and one per recipe.
+
+Paper-table views put our aggregate and the paper's number side by side, `ours_<col>` and `paper_<col>`, with a
+FULL OUTER JOIN so a paper row with no run yet has n_runs = 0 and a run with no paper row still shows up. Which
+summary key feeds which column is registry/keys.py's TABLE_COLUMNS; the view SQL is generated from it.
+"""
+from __future__ import annotations
+
+import re
+
+from . import keys as K
+
+DONE = "t.status = 'completed'"
+
+# Which trials feed which LM table: Table 3 = matched by head dim (the default when a trial names no matching),
+# Table 4 = matched by heads, Table 5 = recipes named table5* (2048-token context).
+LM_FILTERS = {
+    "table3": "coalesce(t.matching, 'head_dim') = 'head_dim' AND coalesce(t.recipe, '') NOT LIKE 'table5%'",
+    "table4": "t.matching = 'heads' AND coalesce(t.recipe, '') NOT LIKE 'table5%'",
+    "table5": "coalesce(t.recipe, '') LIKE 'table5%'",
+}
+
+
+def ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def lit(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
+def lm_table(name: str) -> str:
+    cols = K.TABLE_COLUMNS[name]
+    agg = ",\n    ".join(f"avg(s.value) FILTER (WHERE s.key = {lit(c.key)}) * {c.scale} AS {c.paper}" for c in cols)
+    keys = ", ".join(lit(c.key) for c in cols)
+    side = ",\n  ".join(f"o.{c.paper} AS ours_{c.paper}, p.{c.paper} AS paper_{c.paper}" for c in cols)
+    return f"""
+WITH ours AS (
+  SELECT t.size_label AS size, t.model_label AS model, count(DISTINCT t.trial_id) AS n_runs,
+    {agg}
+  FROM trials t JOIN summary s USING (trial_id)
+  WHERE {DONE} AND s.key IN ({keys}) AND ({LM_FILTERS[name]})
+  GROUP BY ALL)
+SELECT coalesce(p.size, o.size) AS size, coalesce(p.model, o.model) AS model, coalesce(o.n_runs, 0) AS n_runs,
+  {side},
+  p.source, p.note
+FROM paper_{name} p FULL OUTER JOIN ours o ON p.size = o.size AND p.model = o.model
+ORDER BY size, model"""
+
+
+def table2() -> str:
+    cols = K.TABLE_COLUMNS["table2"]
+    pivot = ",\n    ".join(f"max(best) FILTER (WHERE language = {lit(c.language)}) AS {c.paper}" for c in cols)
+    side = ",\n  ".join(f"o.{c.paper} AS ours_{c.paper}, p.{c.paper} AS paper_{c.paper}" for c in cols)
+    parts = " + ".join(f"o.{c.paper}" for c in cols)
+    nonnull = " AND ".join(f"o.{c.paper} IS NOT NULL" for c in cols)
+    return f"""
+WITH best AS (  -- the paper reports the best of 3 seeds: max over our seeds too
+  SELECT t.model_label AS model, t.beta_range, t.language, max(s.value) AS best, count(DISTINCT t.trial_id) AS n
+  FROM trials t JOIN summary s USING (trial_id)
+  WHERE {DONE} AND s.key = {lit(K.SCALED_ACC)} AND t.language IS NOT NULL
+  GROUP BY ALL),
+ours AS (
+  SELECT model, beta_range, sum(n)::BIGINT AS n_runs,
+    {pivot}
+  FROM best GROUP BY ALL)
+SELECT coalesce(p.model, o.model) AS model, coalesce(p.beta_range, o.beta_range) AS beta_range,
+  coalesce(o.n_runs, 0) AS n_runs,
+  {side},
+  CASE WHEN {nonnull} THEN ({parts}) / {len(cols)} END AS ours_avg, p.avg AS paper_avg,
+  p.source, p.note
+FROM paper_table2 p FULL OUTER JOIN ours o ON p.model = o.model AND p.beta_range = o.beta_range
+ORDER BY beta_range DESC, model"""
+
+
+def fig5_runs() -> str:
+    return f"""
+SELECT t.trial_id, t.group_name, t.model_label AS model, t.n_h, coalesce(t.num_layers, 1) AS num_layers,
+  t.beta_range, t.train_len, t.seed,
+  max(s.value) FILTER (WHERE s.key = {lit(K.MAX_LEN_ACC90)}) AS max_len_acc90,
+  max(s.value) FILTER (WHERE s.key = {lit(K.ACC_AT_TRAIN_LEN)}) AS acc_at_train_len,
+  max(s.value) FILTER (WHERE s.key = {lit(K.TOKEN_ACC)}) AS token_acc
+FROM trials t LEFT JOIN summary s USING (trial_id)
+WHERE {DONE} AND t.group_name IS NOT NULL
+GROUP BY ALL
+ORDER BY t.group_name, num_layers, t.n_h"""
+
+
+def fig5() -> str:
+    # "Fits the training range": prefix accuracy >= 0.9 at the training length (from acc_at_train_len, else from
+    # max_len_acc90 >= train_len). The paper's rows: min n_h for one layer, min layers for n_h = 1 (beta [-1,1]).
+    return """
+WITH r AS (
+  SELECT *, coalesce(acc_at_train_len >= 0.9, max_len_acc90 >= coalesce(train_len, 128)) AS fits
+  FROM fig5_runs WHERE coalesce(beta_range, '[-1,1]') = '[-1,1]'),
+ours AS (
+  SELECT group_name, count(*) AS n_runs,
+    min(n_h) FILTER (WHERE num_layers = 1 AND fits) AS min_n_h_one_layer,
+    list_sort(list(DISTINCT n_h) FILTER (WHERE num_layers = 1)) AS n_h_tried,
+    min(num_layers) FILTER (WHERE n_h = 1 AND fits) AS min_layers_n_h1,
+    list_sort(list(DISTINCT num_layers) FILTER (WHERE n_h = 1)) AS layers_tried,
+    max(max_len_acc90) AS best_max_len_acc90
+  FROM r GROUP BY ALL)
+SELECT coalesce(p."group", o.group_name) AS group_name, coalesce(o.n_runs, 0) AS n_runs,
+  o.min_n_h_one_layer AS ours_min_n_h_one_layer, p.min_n_h_one_layer AS paper_min_n_h_one_layer, o.n_h_tried,
+  o.min_layers_n_h1 AS ours_min_layers_n_h1, p.min_layers_n_h1 AS paper_min_layers_n_h1, o.layers_tried,
+  o.best_max_len_acc90, p.train_len AS paper_train_len, p.test_len AS paper_test_len, p.source, p.note
+FROM paper_fig5 p FULL OUTER JOIN ours o ON p."group" = o.group_name
+ORDER BY group_name"""
+
+
+def fig4() -> str:
+    return f"""
+WITH r AS (
+  SELECT t.model_label AS model, t.n_h, t.gated, t.matching, t.seq_len, t.batch_size,
+    avg(s.value) AS tokens_per_s, count(DISTINCT t.trial_id) AS n_runs
+  FROM trials t JOIN summary s USING (trial_id)
+  WHERE {DONE} AND s.key = {lit(K.TOKENS_PER_S)}
+  GROUP BY ALL)
+SELECT a.*, a.tokens_per_s / b.tokens_per_s AS ratio_to_n_h1
+FROM r a LEFT JOIN r b ON b.n_h = 1 AND b.gated IS NOT DISTINCT FROM a.gated
+  AND b.matching IS NOT DISTINCT FROM a.matching AND b.seq_len IS NOT DISTINCT FROM a.seq_len
+  AND b.batch_size IS NOT DISTINCT FROM a.batch_size
+ORDER BY a.matching, a.seq_len, a.batch_size, a.gated, a.n_h"""
+
+
+def fig8() -> str:
+    # Training context: the trial's own (train_len), else the paper's 4096.
+    return f"""
+WITH c AS (
+  SELECT t.trial_id, t.model_label AS model, t.n_h, t.gated, t.num_heads,
+    coalesce(nullif(regexp_extract(c.key, '^{K.CURVE_LOSS_AT_POS}/(.+)$', 1), ''), t.dataset) AS dataset,
+    coalesce(t.train_len, 4096) AS train_ctx, c.x, c.y
+  FROM trials t JOIN curves c USING (trial_id)
+  WHERE {DONE} AND (c.key = '{K.CURVE_LOSS_AT_POS}' OR c.key LIKE '{K.CURVE_LOSS_AT_POS}/%'))
+SELECT trial_id, model, n_h, gated, num_heads, dataset, train_ctx,
+  avg(y) FILTER (WHERE x <= train_ctx) AS loss_in_ctx, avg(y) FILTER (WHERE x > train_ctx) AS loss_beyond_ctx,
+  avg(y) FILTER (WHERE x > train_ctx) / avg(y) FILTER (WHERE x <= train_ctx) AS beyond_over_in,
+  max(x) AS max_pos, count(*) AS n_points
+FROM c GROUP BY ALL ORDER BY dataset, n_h, model"""
+
+
+def fig9() -> str:
+    return f"""
+WITH c AS (
+  SELECT t.trial_id, t.model_label AS model, t.n_h, t.gated,
+    TRY_CAST(regexp_extract(c.key, '^{K.CURVE_ERANK}/l(\\d+)/h(\\d+)$', 1) AS INTEGER) AS layer,
+    TRY_CAST(regexp_extract(c.key, '^{K.CURVE_ERANK}/l(\\d+)/h(\\d+)$', 2) AS INTEGER) AS head,
+    coalesce(t.train_len, 4096) AS train_ctx, c.x, c.y
+  FROM trials t JOIN curves c USING (trial_id)
+  WHERE {DONE} AND c.key LIKE '{K.CURVE_ERANK}/%')
+SELECT trial_id, model, n_h, gated, layer, head, train_ctx,
+  avg(y) FILTER (WHERE x <= train_ctx) AS erank_in_ctx, avg(y) FILTER (WHERE x > train_ctx) AS erank_beyond_ctx,
+  avg(y) FILTER (WHERE x > train_ctx) / avg(y) FILTER (WHERE x <= train_ctx) AS beyond_over_in,
+  max(y) AS erank_max, max(x) AS max_pos
+FROM c WHERE layer IS NOT NULL GROUP BY ALL ORDER BY model, layer, head"""
+
+
+def view_name_for_recipe(recipe: str) -> str:
+    return "recipe_" + re.sub(r"\W", "_", recipe).lower()
+
+
+def recipe_view(recipe: str, config_cols: list[str], summary_keys: list[str]) -> str:
+    """One row per trial of the recipe: identity, status, timings, the config columns that vary or exist there,
+    and one column per summary key."""
+    fixed = ("trial_id, status, attempts, model_label, n_h, beta_range, num_layers, size_label, task_name, "
+             "group_name, language, dataset, seed, duration_s, host, device, error")
+    cfg = "".join(f", t.{ident(c)}" for c in config_cols)
+    piv = "".join(f",\n  max(s.value) FILTER (WHERE s.key = {lit(k)}) AS {ident(k)}" for k in summary_keys)
+    fixed_t = ", ".join(f"t.{c.strip()}" for c in fixed.split(","))
+    return f"""
+SELECT {fixed_t}{cfg}{piv}
+FROM trials t LEFT JOIN summary s USING (trial_id)
+WHERE t.recipe = {lit(recipe)}
+GROUP BY ALL ORDER BY t.trial_id"""
+
+
+PAPER_VIEWS = {
+    "table2": table2, "table3": lambda: lm_table("table3"), "table4": lambda: lm_table("table4"),
+    "table5": lambda: lm_table("table5"), "fig5_runs": fig5_runs, "fig5": fig5, "fig4": fig4, "fig8": fig8,
+    "fig9": fig9,
+}
