@@ -1,0 +1,67 @@
+"""The backend interface the driver uses. A backend starts trial attempts, reports how they ended, and can cancel
+them. It never decides a trial's status: the driver reads the run dir (result.json / error.json) for that, so a
+result is never only in a scheduler's memory."""
+from __future__ import annotations
+
+import sys
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+
+@dataclass
+class Launch:
+    recipe: str
+    trial_id: str
+    run_dir: Path
+    attempt: int
+    config: dict
+    env: dict = field(default_factory=dict)
+
+    def command(self, python: str = sys.executable) -> list[str]:
+        return [python, "-m", "dpx.orchestrator.runner", str(self.run_dir), "--attempt", str(self.attempt)]
+
+
+@dataclass
+class Outcome:
+    recipe: str
+    trial_id: str
+    attempt: int
+    exit_code: Optional[int]  # None when unknown (adopted process, lost worker)
+    reason: str = "exited"  # exited | timeout | lost | cancelled
+    detail: str = ""
+
+
+class Backend(ABC):
+    name = "base"
+
+    @classmethod
+    def check(cls, hardware: dict, workspace) -> None:
+        """Raise RecipeError when this hardware section cannot run here (checked before anything is queued)."""
+
+    @abstractmethod
+    def capacity(self) -> int:
+        """How many more trials may start now."""
+
+    @abstractmethod
+    def start(self, launch: Launch) -> str:
+        """Start one attempt; return a job handle (pid, Ray task id, Slurm job id) stored in the state."""
+
+    @abstractmethod
+    def poll(self) -> list[Outcome]:
+        """Attempts that ended since the last poll."""
+
+    @abstractmethod
+    def cancel(self, recipe: str, trial_id: str, reason: str = "cancelled") -> None:
+        """Stop a running attempt; it is reported by poll() with the given reason."""
+
+    def adopt(self, recipe: str, trial_id: str, handle: str, run_dir: Path, attempt: int) -> bool:
+        """Watch an attempt started by a driver that died. False when it cannot be found (it is then lost)."""
+        return False
+
+    def running(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass

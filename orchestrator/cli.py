@@ -1,0 +1,306 @@
+"""The `dpx` command line. Every command reads the workspace (`.dpx/`, $DPX_WORKSPACE or --workspace).
+
+Bad input (recipe file, key path, reason) is one line on stderr and exit status 2; nothing is written then.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .errors import RecipeError
+from .grid import get_dotted
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="dpx: declarative experiments for linear-RNN research.")
+out = Console()
+err = Console(stderr=True)
+
+WS_OPT = typer.Option(None, "--workspace", "-w", help="workspace folder (default .dpx or $DPX_WORKSPACE)")
+
+
+def _fail(msg: str, code: int = 2) -> None:
+    err.print(f"[red]error:[/red] {msg}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _ws(path: Optional[str], must_exist: bool = False):
+    from .workspace import Workspace
+
+    ws = Workspace.resolve(path)
+    if must_exist and not ws.exists:
+        _fail(f"{ws.root}: no dpx workspace here yet (run `dpx submit RECIPE` first, or pass --workspace)")
+    return ws
+
+
+def _expand(recipe: str, overrides: list[str]):
+    from .trials import expand
+
+    try:
+        return expand(recipe, overrides)
+    except RecipeError as e:
+        _fail(e.line())
+
+
+def _recipe_name(arg: str) -> str:
+    """A recipe argument may be a file (its `name:` wins) or a bare name."""
+    p = Path(arg)
+    if p.suffix in (".yaml", ".yml") and p.exists():
+        import yaml
+
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError:
+            data = {}
+        return str(data.get("name") or p.stem) if isinstance(data, dict) else p.stem
+    return arg
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+# ---- expand -------------------------------------------------------------------------------------------------
+@app.command()
+def expand(recipe: str = typer.Argument(..., help="recipe YAML file"),
+           overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides; scale=NAME"),
+           fmt: str = typer.Option("table", "--format", help="table | json | ids"),
+           limit: int = typer.Option(50, help="rows shown in the table (0: all)")):
+    """Print the trial grid (count, trial ids, the axes that vary). Runs nothing, writes nothing."""
+    t0 = time.perf_counter()
+    ex = _expand(recipe, overrides or [])
+    dt = time.perf_counter() - t0
+    if fmt == "ids":
+        for t in ex.trials:
+            print(t.trial_id)
+        return
+    if fmt == "json":
+        print(json.dumps([{"trial_id": t.trial_id, **t.point} for t in ex.trials], default=str))
+        return
+    table = Table(title=f"{ex.recipe}: {len(ex.trials)} trials", show_lines=False)
+    table.add_column("#", justify="right")
+    table.add_column("trial_id")
+    axes = ex.axes
+    for a in axes:
+        table.add_column(a)
+    shown = ex.trials if not limit else ex.trials[:limit]
+    for i, t in enumerate(shown):
+        table.add_row(str(i), t.trial_id, *[_fmt(t.config['seed'] if a == 'seed' else get_dotted(t.config, a)) for a in axes])
+    out.print(table)
+    if limit and len(ex.trials) > limit:
+        out.print(f"... {len(ex.trials) - limit} more (--limit 0 shows all)")
+    out.print(f"{len(ex.trials)} trials; varying: {', '.join(axes) or 'nothing'}; backend "
+              f"{ex.meta.hardware.backend}; expanded in {dt:.2f}s")
+
+
+# ---- submit / rerun -----------------------------------------------------------------------------------------
+def _submit(recipe: str, overrides: list[str], wait: bool, workspace: Optional[str], rerun_failed: bool) -> None:
+    from .backends import check_backend
+    from .driver import spawn_driver
+    from .state import StateStore
+
+    ex = _expand(recipe, overrides)
+    ws = _ws(workspace)
+    try:
+        check_backend(ex.meta.hardware.model_dump(), ws)
+    except RecipeError as e:
+        _fail(RecipeError(e.reason, recipe, e.key).line())
+    ws.create()
+    store = StateStore(ws.state_db)
+    if rerun_failed:
+        n = store.reset(ex.recipe, ("failed", "cancelled"), [t.trial_id for t in ex.trials])
+        out.print(f"{n} failed/cancelled trial(s) of {ex.recipe} queued again")
+    sub_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+    counts = store.add_submission(sub_id, ex.recipe, str(Path(recipe).absolute()), overrides,
+                                  ex.meta.hardware.backend, ex.trials, lambda t: ws.run_dir(ex.recipe, t.trial_id))
+    c = store.counts(submission=sub_id)
+    todo = c["pending"] + c["running"]
+    out.print(f"submission {sub_id}: {len(ex.trials)} trials ({counts['new']} new); "
+              f"{c['completed']} already completed, {c['failed']} failed, {todo} to run "
+              f"on {ex.meta.hardware.backend}")
+    if todo == 0:
+        store.update_submission(sub_id, state="done", ended_at=time.time())
+        out.print("nothing to run" + (" (use `dpx rerun RECIPE --failed` for failed trials)" if c["failed"] else ""))
+    else:
+        pid = spawn_driver(ws, sub_id)
+        store.update_submission(sub_id, driver_pid=pid, driver_host=__import__("socket").gethostname(),
+                                heartbeat=time.time())
+        out.print(f"driver pid {pid}; log {ws.drivers / (sub_id + '.log')}")
+    if wait:
+        from .progress import watch
+
+        watch(ws, store, sub_id, ex)
+        from .results import print_results
+
+        print_results(ws, store, ex.recipe, sub_id, ex.axes, out)
+        failed = store.counts(submission=sub_id)["failed"]
+        raise typer.Exit(1 if failed else 0)
+
+
+@app.command()
+def submit(recipe: str = typer.Argument(..., help="recipe YAML file"),
+           overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides; scale=NAME"),
+           wait: bool = typer.Option(False, "--wait", help="show live progress until the grid finishes"),
+           workspace: Optional[str] = WS_OPT):
+    """Expand RECIPE and run its trials in the background (completed trials never run again)."""
+    _submit(recipe, overrides or [], wait, workspace, rerun_failed=False)
+
+
+@app.command()
+def rerun(recipe: str = typer.Argument(..., help="recipe YAML file"),
+          overrides: Optional[List[str]] = typer.Argument(None),
+          failed: bool = typer.Option(False, "--failed", help="run failed, cancelled and missing trials again"),
+          wait: bool = typer.Option(False, "--wait"),
+          workspace: Optional[str] = WS_OPT):
+    """Run failed (and missing) trials of RECIPE again; completed trials are left alone."""
+    if not failed:
+        _fail("say what to rerun: `dpx rerun RECIPE --failed`")
+    _submit(recipe, overrides or [], wait, workspace, rerun_failed=True)
+
+
+# ---- status / logs / cancel ---------------------------------------------------------------------------------
+@app.command()
+def status(recipe: Optional[str] = typer.Argument(None, help="recipe file or name (default: all)"),
+           workspace: Optional[str] = WS_OPT,
+           all_trials: bool = typer.Option(False, "--trials", help="list every trial")):
+    """Done / running / pending / failed counts per recipe, and the error tails of failed trials."""
+    from .results import print_status
+    from .state import StateStore
+
+    ws = _ws(workspace, must_exist=True)
+    store = StateStore(ws.state_db)
+    name = _recipe_name(recipe) if recipe else None
+    if name and not store.trials(recipe=name):
+        _fail(f"{recipe}: no trials of recipe {name!r} in {ws.root}")
+    print_status(ws, store, name, out, all_trials)
+
+
+@app.command()
+def logs(trial: str = typer.Argument(..., help="trial id (a unique prefix is enough)"),
+         workspace: Optional[str] = WS_OPT,
+         tail: int = typer.Option(0, help="only the last N lines")):
+    """Print a trial's log (all attempts)."""
+    from .state import StateStore
+
+    ws = _ws(workspace, must_exist=True)
+    rows = StateStore(ws.state_db).find_trial(trial)
+    if not rows:
+        _fail(f"{trial}: no such trial")
+    if len({(r["recipe"], r["trial_id"]) for r in rows}) > 1:
+        _fail(f"{trial}: ambiguous, matches " + ", ".join(f"{r['recipe']}/{r['trial_id']}" for r in rows[:5]))
+    path = Path(rows[0]["run_dir"]) / "log.txt"
+    if not path.exists():
+        _fail(f"{path}: no log yet (trial is {rows[0]['status']})", 1)
+    text = path.read_text(errors="replace")
+    if tail:
+        text = "\n".join(text.splitlines()[-tail:])
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+
+
+@app.command()
+def cancel(recipe: str = typer.Argument(..., help="recipe file or name"), workspace: Optional[str] = WS_OPT):
+    """Stop a recipe's running trials and drop its pending ones (they can be rerun with `rerun --failed`)."""
+    from .driver import driver_alive
+    from .state import StateStore
+
+    ws = _ws(workspace, must_exist=True)
+    store = StateStore(ws.state_db)
+    name = _recipe_name(recipe)
+    subs = [s for s in store.submissions(name) if s["state"] in ("starting", "running")]
+    for s in subs:
+        store.update_submission(s["id"], state="cancelling")
+    live = [s for s in subs if driver_alive(s) or s["state"] == "starting"]
+    if not live:  # no driver to do it: cancel pending trials here
+        with store.tx() as c:
+            n = c.execute("UPDATE trials SET status='cancelled', error='cancelled by user', updated_at=? "
+                          "WHERE recipe=? AND status='pending'", (time.time(), name)).rowcount
+        out.print(f"{name}: no live driver; {n} pending trial(s) cancelled")
+        return
+    deadline = time.time() + 60
+    while time.time() < deadline and store.counts(recipe=name)["running"]:
+        time.sleep(0.5)
+    c = store.counts(recipe=name)
+    out.print(f"{name}: cancelled ({c['cancelled']} cancelled, {c['running']} still stopping, "
+              f"{c['completed']} completed kept)")
+
+
+# ---- results ------------------------------------------------------------------------------------------------
+@app.command()
+def query(sql: str = typer.Argument(..., help="SQL over tables trials, metrics, summary, curves, views"),
+          fmt: str = typer.Option("table", "--format", help="table | csv | json"),
+          workspace: Optional[str] = WS_OPT):
+    """SQL over the results (DuckDB), rebuilt from the run dirs when they changed."""
+    from .results import refresh_duckdb
+
+    ws = _ws(workspace, must_exist=True)
+    db = refresh_duckdb(ws)
+    from dpx.registry import query as rq
+
+    try:
+        cols, rows = rq(db, sql)
+    except Exception as e:  # noqa: BLE001 — SQL errors are user input errors
+        _fail(f"query: {str(e).splitlines()[0]}")
+    _print_rows(cols, rows, fmt)
+
+
+def _print_rows(cols: list[str], rows: list, fmt: str) -> None:
+    if fmt == "json":
+        print(json.dumps([dict(zip(cols, r)) for r in rows], default=str))
+    elif fmt == "csv":
+        import csv
+
+        w = csv.writer(sys.stdout)
+        w.writerow(cols)
+        w.writerows(rows)
+    else:
+        t = Table()
+        for c in cols:
+            t.add_column(str(c))
+        for r in rows:
+            t.add_row(*[_fmt(v) for v in r])
+        out.print(t)
+        out.print(f"{len(rows)} row(s)")
+
+
+@app.command()
+def sync(workspace: Optional[str] = WS_OPT):
+    """Ingest finished run dirs into MLflow (what a driver could not log) and DuckDB; idempotent."""
+    from .results import refresh_duckdb, sync_mlflow
+
+    ws = _ws(workspace, must_exist=True)
+    n = sync_mlflow(ws)
+    db = refresh_duckdb(ws, force=True)
+    out.print(f"MLflow: {n} trial run(s) synced; DuckDB rebuilt at {db}")
+
+
+@app.command()
+def ui(port: int = typer.Option(5000), host: str = typer.Option("127.0.0.1"), workspace: Optional[str] = WS_OPT):
+    """Serve the MLflow UI over the workspace's tracking store."""
+    ws = _ws(workspace, must_exist=True)
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", ws.mlflow_uri(), "--host", host,
+           "--port", str(port), "--workers", "1", "--default-artifact-root", ws.mlflow_artifacts.as_uri()]
+    out.print(f"MLflow UI on http://{host}:{port} (Ctrl-C stops it)")
+    os.execvpe(cmd[0], cmd, env)
+
+
+def main() -> None:
+    try:
+        app()
+    except RecipeError as e:  # a config class raised outside the expansion path
+        err.print(f"error: {e.line()}", highlight=False)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,341 @@
+"""The driver: a detached process per submission that runs its pending trials on the backend until none is left.
+
+`dpx submit` validates, registers the trials in the state store and starts this process, then returns. The
+driver creates the MLflow experiment and parent run first (before any trial starts), then loops: start trials up
+to the backend's capacity (claiming each atomically, so a concurrent driver never runs it too), poll for ended
+attempts, read their run dir to decide completed / failed / preempted, retry per the recipe, enforce timeouts,
+forward metrics to MLflow, and adopt trials whose driver died. Killing it loses nothing: trials run in their own
+process groups and the next `dpx submit` of the recipe adopts or re-queues them from the state store.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from .backends import Launch, Outcome, make_backend
+from .state import StateStore, pid_alive
+from .workspace import Workspace
+
+HEARTBEAT_S = 2.0
+DEAD_AFTER_S = 30.0  # a driver whose heartbeat is older than this, on another host, is taken for dead
+MAX_PREEMPTIONS = 50
+
+
+def write_run_dir(run_dir: Path, config: dict) -> None:
+    """config.json (read by the runner) and config.yaml (for people); written once, when first started."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not (run_dir / "config.json").exists():
+        from dpx.tasks.context import atomic_write_json
+
+        atomic_write_json(run_dir / "config.json", config)
+        try:
+            import yaml
+
+            (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+        except ImportError:
+            pass
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def log_tail(run_dir: Path, n: int = 3) -> str:
+    try:
+        lines = [ln for ln in (Path(run_dir) / "log.txt").read_text(errors="replace").splitlines() if ln.strip()]
+        return " | ".join(lines[-n:])[-400:]
+    except OSError:
+        return ""
+
+
+def driver_alive(sub) -> bool:
+    if sub is None or sub["state"] not in ("starting", "running", "cancelling"):
+        return False
+    if sub["driver_host"] == socket.gethostname():
+        return pid_alive(sub["driver_pid"])
+    return (time.time() - (sub["heartbeat"] or 0)) < DEAD_AFTER_S
+
+
+class Driver:
+    def __init__(self, ws: Workspace, submission_id: str):
+        self.ws = ws
+        self.sub_id = submission_id
+        self.store = StateStore(ws.state_db)
+        sub = self.store.submission(submission_id)
+        if sub is None:
+            raise SystemExit(f"no submission {submission_id}")
+        self.recipe = sub["recipe"]
+        rows = self.store.trials(submission=submission_id)
+        self.order = [r["trial_id"] for r in rows]
+        self.hardware = json.loads(rows[0]["config"]).get("hardware", {}) if rows else {}
+        self.tracking = json.loads(rows[0]["config"]).get("tracking", {}) if rows else {}
+        self.backend = make_backend(self.hardware, ws)
+        self.mine: dict[str, dict] = {}  # trial_id → {"attempt", "started", "timeout_at", "cancel"}
+        self.tracker = None
+        self.exp_id = self.parent_id = None
+        self.last_forward = 0.0
+        self.timeout_s = (self.hardware.get("timeout_min") or 0) * 60 or None
+        self.max_retries = int(self.hardware.get("max_retries") or 0)
+
+    # ---- MLflow (never fatal: run dirs are the source of truth; `dpx sync` catches up) -----------------------
+    def _setup_tracking(self) -> None:
+        try:
+            from .tracking import Tracker
+
+            self.tracker = Tracker(self.ws.mlflow_uri(self.tracking.get("mlflow_uri")), self.ws.mlflow_artifacts)
+            self.exp_id = self.tracker.experiment(self.tracking.get("experiment") or self.recipe)
+            sub = self.store.submission(self.sub_id)
+            self.parent_id = self.tracker.parent_run(self.exp_id, self.sub_id, self.recipe, sub["file"], len(self.order))
+            self.store.update_submission(self.sub_id, mlflow_experiment_id=self.exp_id,
+                                         mlflow_parent_run_id=self.parent_id)
+        except Exception as e:  # noqa: BLE001
+            print(f"[driver] MLflow unavailable, run dirs only (dpx sync later): {e}", flush=True)
+            self.tracker = None
+
+    def _mlflow(self, fn, *args):
+        if self.tracker is None:
+            return None
+        try:
+            return fn(*args)
+        except Exception as e:  # noqa: BLE001
+            print(f"[driver] MLflow call failed (dpx sync will retry): {e}", flush=True)
+            return None
+
+    # ---- main loop --------------------------------------------------------------------------------------------
+    def run(self) -> None:
+        self.store.update_submission(self.sub_id, state="running", driver_pid=os.getpid(),
+                                     driver_host=socket.gethostname(), heartbeat=time.time())
+        self._setup_tracking()
+        beat = 0.0
+        final_state = "done"
+        while True:
+            now = time.time()
+            if now - beat > HEARTBEAT_S:
+                sub = self.store.submission(self.sub_id)
+                if sub["state"] == "cancelling":
+                    self._cancel_all()
+                    final_state = "cancelled"
+                self.store.update_submission(self.sub_id, heartbeat=now)
+                self._adopt_orphans()
+                beat = now
+            busy = False
+            for out in self.backend.poll():
+                self._finalize(out)
+                busy = True
+            self._check_timeouts(now)
+            if self.tracker is not None and now - self.last_forward > 2.0:
+                self._forward_running()
+                self.last_forward = now
+            if final_state != "cancelled":
+                busy |= self._start_more()
+            if not self.mine and not self._pending_left():
+                break
+            time.sleep(0.01 if busy else 0.1)
+        self._close_parent(final_state)
+        self.store.update_submission(self.sub_id, state=final_state, ended_at=time.time())
+        self.backend.close()
+
+    def _pending_left(self) -> bool:
+        """Pending trials of this submission, or trials of it another live driver is running (we wait for those
+        only when they are ours to adopt, which _adopt_orphans handles)."""
+        return any(r["status"] == "pending" for r in self.store.trials(submission=self.sub_id))
+
+    def _start_more(self) -> bool:
+        started = False
+        if self.backend.capacity() <= 0:
+            return False
+        pending = [r for r in self.store.trials(submission=self.sub_id) if r["status"] == "pending"]
+        for row in pending:
+            if self.backend.capacity() <= 0:
+                break
+            claimed = self.store.claim(self.recipe, row["trial_id"], self.sub_id)
+            if claimed is None:
+                continue
+            self._launch(claimed)
+            started = True
+        return started
+
+    def _launch(self, row) -> None:
+        tid, run_dir = row["trial_id"], Path(row["run_dir"])
+        try:
+            write_run_dir(run_dir, json.loads(row["config"]))
+        except OSError as e:  # disk full / permission: fail this trial with the path, the grid goes on
+            self.store.set_trial(self.recipe, tid, status="failed", ended_at=time.time(),
+                                 error=f"cannot write run dir {run_dir}: {e.strerror or e}")
+            return
+        run_id = row["mlflow_run_id"]
+        if run_id is None and self.tracker is not None:
+            run_id = self._mlflow(self.tracker.child_run, self.exp_id, self.parent_id, dict(row))
+            if run_id:
+                self.store.set_trial(self.recipe, tid, mlflow_run_id=run_id, mlflow_offset=0, mlflow_done=0)
+        elif run_id and self.tracker is not None:
+            self._mlflow(self.tracker.client.update_run, run_id, "RUNNING")
+            self.store.set_trial(self.recipe, tid, mlflow_done=0)
+        launch = Launch(self.recipe, tid, run_dir, row["attempts"], json.loads(row["config"]))
+        try:
+            handle = self.backend.start(launch)
+        except Exception as e:  # noqa: BLE001
+            self.store.set_trial(self.recipe, tid, status="failed", ended_at=time.time(),
+                                 error=f"backend could not start the trial: {type(e).__name__}: {e}"[:500])
+            return
+        self.store.set_trial(self.recipe, tid, pid=int(handle) if handle.isdigit() else None, backend_job_id=handle)
+        self.mine[tid] = {"attempt": row["attempts"], "started": time.time(), "reason": None}
+
+    def _finalize(self, out: Outcome) -> None:
+        info = self.mine.pop(out.trial_id, None)
+        rows = self.store.q("SELECT * FROM trials WHERE recipe = ? AND trial_id = ?", (self.recipe, out.trial_id))
+        if not rows:
+            return
+        row = rows[0]
+        run_dir = Path(row["run_dir"])
+        reason = (info or {}).get("reason") or out.reason
+        res, err = read_json(run_dir / "result.json"), read_json(run_dir / "error.json")
+        now = time.time()
+        attempt = row["attempts"]
+        status, error = "failed", None
+        if reason == "cancelled":
+            status, error = "cancelled", "cancelled by user"
+        elif res and res.get("attempt") == attempt and res.get("status") == "completed" and reason != "timeout":
+            status = "completed"
+        elif reason == "timeout":
+            error = f"timed out after {self.timeout_s / 60:g} min (hardware.timeout_min)"
+        elif err and err.get("attempt") == attempt and err.get("status") == "preempted":
+            status = "preempted"
+        elif err and err.get("attempt") == attempt:
+            error = err.get("error") or "failed"
+        elif reason == "lost":
+            error = f"worker lost: {out.detail or 'no result written'}"
+        else:
+            code = out.exit_code
+            sig = f" (signal {-code})" if code is not None and code < 0 else ""
+            error = f"exited with code {code}{sig} before writing a result" + (
+                f"; log: {log_tail(run_dir)}" if log_tail(run_dir) else "")
+        if status == "preempted":
+            n = (row["preemptions"] or 0) + 1
+            if n <= MAX_PREEMPTIONS:
+                self.store.set_trial(self.recipe, out.trial_id, expect_status="running", status="pending",
+                                     preemptions=n, owner=None, error="preempted; requeued from checkpoint")
+                return
+            status, error = "failed", f"preempted {n} times"
+        if status == "failed" and attempt <= self.max_retries:
+            self.store.set_trial(self.recipe, out.trial_id, expect_status="running", status="pending", owner=None,
+                                 error=f"attempt {attempt} failed, retrying: {error}"[:1000])
+            return
+        self.store.set_trial(self.recipe, out.trial_id, status=status, ended_at=now, error=error)
+        self._finish_mlflow(self.store.q("SELECT * FROM trials WHERE recipe = ? AND trial_id = ?",
+                                         (self.recipe, out.trial_id))[0], status, error)
+
+    def _finish_mlflow(self, row, status: str, error: str | None) -> None:
+        if self.tracker is None or not row["mlflow_run_id"]:
+            return
+        off = self._mlflow(self.tracker.forward, row["mlflow_run_id"], Path(row["run_dir"]), row["mlflow_offset"] or 0)
+        if off is None:
+            return
+        ok = self._mlflow(self.tracker.finish, row["mlflow_run_id"], Path(row["run_dir"]), status, error)
+        self.store.set_trial(self.recipe, row["trial_id"], mlflow_offset=off, mlflow_done=1 if ok else 0)
+
+    def _forward_running(self) -> None:
+        for tid in list(self.mine):
+            rows = self.store.q("SELECT * FROM trials WHERE recipe = ? AND trial_id = ?", (self.recipe, tid))
+            if rows and rows[0]["mlflow_run_id"]:
+                off = self._mlflow(self.tracker.forward, rows[0]["mlflow_run_id"], Path(rows[0]["run_dir"]),
+                                   rows[0]["mlflow_offset"] or 0)
+                if off is not None and off != rows[0]["mlflow_offset"]:
+                    self.store.set_trial(self.recipe, tid, mlflow_offset=off)
+
+    def _check_timeouts(self, now: float) -> None:
+        if not self.timeout_s:
+            return
+        for tid, info in self.mine.items():
+            if info["reason"] is None and now - info["started"] > self.timeout_s:
+                info["reason"] = "timeout"
+                self.backend.cancel(self.recipe, tid, "timeout")
+
+    def _cancel_all(self) -> None:
+        for tid, info in self.mine.items():
+            if info["reason"] is None:
+                info["reason"] = "cancelled"
+                self.backend.cancel(self.recipe, tid, "cancelled")
+        with self.store.tx() as c:
+            c.execute("UPDATE trials SET status = 'cancelled', error = 'cancelled by user', updated_at = ? "
+                      "WHERE recipe = ? AND status = 'pending' AND trial_id IN "
+                      "(SELECT trial_id FROM submission_trials WHERE submission_id = ?)",
+                      (time.time(), self.recipe, self.sub_id))
+
+    def _adopt_orphans(self) -> None:
+        """Running trials of this recipe whose driver is gone: watch them if they still run, else settle them."""
+        for row in self.store.trials(recipe=self.recipe, status="running"):
+            if row["owner"] == self.sub_id or row["trial_id"] in self.mine:
+                continue
+            if driver_alive(self.store.submission(row["owner"]) if row["owner"] else None):
+                continue
+            owner = self.store.set_trial(self.recipe, row["trial_id"], expect_status="running", owner=self.sub_id)
+            if not owner:
+                continue
+            self.mine[row["trial_id"]] = {"attempt": row["attempts"], "started": row["started_at"] or time.time(),
+                                          "reason": None}
+            if not self.backend.adopt(self.recipe, row["trial_id"], row["backend_job_id"] or str(row["pid"] or ""),
+                                      Path(row["run_dir"]), row["attempts"]):
+                self._finalize(Outcome(self.recipe, row["trial_id"], row["attempts"], None, "lost",
+                                       "its driver died and the process is gone"))
+
+    def _close_parent(self, state: str) -> None:
+        if self.tracker is None or self.parent_id is None:
+            return
+        figures = []
+        try:  # recipe-level figures from the registry, when it can make them
+            from dpx.registry.plots import recipe_figures
+
+            figures = recipe_figures(self.ws, self.recipe, self.store) or []
+        except Exception:  # noqa: BLE001
+            figures = []
+        from mlflow.entities import Metric
+
+        counts = self.store.counts(submission=self.sub_id)
+        self._mlflow(self.tracker.client.log_batch, self.parent_id,
+                     [Metric(f"trials_{k}", v, int(time.time() * 1000), 0) for k, v in counts.items()])
+        status = "FINISHED" if counts["failed"] == 0 and state == "done" else (
+            "KILLED" if state == "cancelled" else "FAILED")
+        self._mlflow(self.tracker.end_parent, self.parent_id, status, figures)
+
+
+def spawn_driver(ws: Workspace, submission_id: str) -> int:
+    """Start a detached driver process (own session: it outlives the CLI and the terminal)."""
+    import subprocess
+
+    log = open(ws.drivers / f"{submission_id}.log", "ab")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    p = subprocess.Popen([sys.executable, "-m", "dpx.orchestrator.driver", "--workspace", str(ws.root),
+                          "--submission", submission_id], stdout=log, stderr=subprocess.STDOUT,
+                         stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+    log.close()
+    return p.pid
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m dpx.orchestrator.driver")
+    ap.add_argument("--workspace", required=True)
+    ap.add_argument("--submission", required=True)
+    a = ap.parse_args(argv)
+    ws = Workspace.resolve(a.workspace)
+    d = Driver(ws, a.submission)
+    try:
+        d.run()
+    except Exception:  # noqa: BLE001
+        traceback.print_exc()
+        d.store.update_submission(a.submission, state="crashed", ended_at=time.time())
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,21 @@
+"""User-facing errors: one line naming the file, the key path and the reason; the CLI exits with status 2."""
+from __future__ import annotations
+
+import difflib
+
+
+class RecipeError(Exception):
+    """Bad input. `str(e)` is the one line the user sees."""
+
+    def __init__(self, reason: str, file: str | None = None, key: str | None = None):
+        self.reason, self.file, self.key = reason, file, key
+        super().__init__(self.line())
+
+    def line(self) -> str:
+        where = ":".join(p for p in (self.file, self.key) if p)
+        return f"{where}: {self.reason}" if where else self.reason
+
+
+def did_you_mean(word: str, choices) -> str:
+    m = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean {m[0]!r}?)" if m else ""

@@ -1,0 +1,79 @@
+"""Recipe section `hardware:`: where and how trials run. Never part of a trial's identity (same config on another
+machine is the same trial)."""
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RaySettings(_Strict):
+    address: Optional[str] = None
+    """unset: start a local Ray instance sized from this section; `auto` or `ray://host:port`: join a cluster"""
+    num_cpus: Optional[int] = None
+    """CPUs of the local instance (default: the machine's)"""
+    num_gpus: Optional[int] = None
+    """GPUs of the local instance (default: the machine's)"""
+    memory_gb_per_trial: Optional[float] = None
+    """Ray memory resource per trial"""
+
+
+class SlurmSettings(_Strict):
+    partition: Optional[str] = None
+    time_min: int = 60
+    """wall-time limit per array task; on timeout the trial checkpoints and is requeued"""
+    array_parallelism: int = 64
+    """array tasks running at once"""
+    mem_gb: Optional[float] = None
+    max_num_timeout: int = 3
+    """requeues on timeout/preemption before the trial is failed"""
+    additional_parameters: dict = Field(default_factory=dict)
+    """extra sbatch options, e.g. {account: abc, qos: high}"""
+    setup: list[str] = Field(default_factory=list)
+    """shell lines run before each task (module load ..., source venv)"""
+    folder: Optional[str] = None
+    """submitit log folder (default: <workspace>/slurm)"""
+
+
+class HardwareConfig(_Strict):
+    backend: Literal["local", "ray", "slurm"] = "local"
+    """local (process pool on this machine), ray, or slurm (submitit job arrays)"""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """auto: CUDA when the trial sees a GPU, else CPU"""
+    max_parallel: Optional[int] = None
+    """trials at once (local default: CPUs / cpus_per_trial, or the GPU count when gpus_per_trial > 0)"""
+    cpus_per_trial: float = 1
+    gpus_per_trial: float = 0
+    timeout_min: Optional[float] = None
+    """a trial running longer is killed and marked failed"""
+    max_retries: int = 0
+    """extra attempts for a trial that failed (worker lost, exception, timeout)"""
+    threads_per_trial: Optional[int] = None
+    """torch intra-op threads in the trial (default: cpus_per_trial)"""
+    ray: RaySettings = Field(default_factory=RaySettings)
+    slurm: SlurmSettings = Field(default_factory=SlurmSettings)
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.cpus_per_trial <= 0:
+            raise ValueError("cpus_per_trial: must be > 0")
+        if self.gpus_per_trial < 0:
+            raise ValueError("gpus_per_trial: must be >= 0")
+        if self.max_parallel is not None and self.max_parallel < 1:
+            raise ValueError("max_parallel: must be >= 1")
+        if self.max_retries < 0:
+            raise ValueError("max_retries: must be >= 0")
+        if self.timeout_min is not None and self.timeout_min <= 0:
+            raise ValueError("timeout_min: must be > 0")
+        return self
+
+
+class TrackingConfig(_Strict):
+    mlflow_uri: Optional[str] = None
+    """MLflow tracking URI (default: sqlite:///<workspace>/mlflow.db); `dpx server` prints one for clusters"""
+    experiment: Optional[str] = None
+    """MLflow experiment name (default: the recipe name)"""

@@ -1,0 +1,35 @@
+"""Trial identity: a short stable hash of the resolved config.
+
+Hashed: recipe version, seed and the validated `model`, `task`, `train`, `eval` sections (defaults filled in, so
+writing a default explicitly does not change the id). Not hashed: `hardware`, `tracking`, the recipe's name and
+description, scale names (they cannot change a result). The recipe name is NOT part of the id, but the run dir and
+state are per recipe, so two recipes sharing a point each run it once.
+
+Never change this function without bumping ID_SCHEME: tests/test_orchestrator_ids.py keeps golden ids.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+ID_SCHEME = "dpx-id-v1"
+HASHED_SECTIONS = ("model", "task", "train", "eval")
+
+
+def canonical_json(obj: Any) -> str:
+    """Deterministic JSON: sorted keys, no whitespace, floats in repr form, tuples as lists."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=True)
+
+
+def trial_id(config: dict, section_json: dict[str, str] | None = None) -> str:
+    """12 hex chars of sha256 over the identity-relevant part of a resolved trial config.
+
+    `section_json` may carry precomputed canonical JSON per section (expansion of large grids reuses them)."""
+    h = hashlib.sha256(ID_SCHEME.encode())
+    h.update(b"|version=" + str(int(config.get("version", 1))).encode())
+    h.update(b"|seed=" + str(int(config.get("seed", 0))).encode())
+    for s in HASHED_SECTIONS:
+        js = section_json[s] if section_json and s in section_json else canonical_json(config.get(s))
+        h.update(f"|{s}=".encode() + js.encode())
+    return h.hexdigest()[:12]

@@ -1,0 +1,110 @@
+"""Load a recipe: YAML (OmegaConf, interpolation) + named scale + `key=value` overrides → plain dict.
+
+Order: file → `scales[NAME]` (selected with `scale=NAME`) → command-line overrides. An override whose key is a grid
+axis pins that axis to the given value (`dpx submit fig5.yaml model.num_householder=2` runs only n_h = 2).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from .errors import RecipeError, did_you_mean
+
+TOP_KEYS = ("name", "description", "version", "model", "task", "train", "eval", "hardware", "tracking", "grid",
+            "seeds", "scales")
+
+
+def parse_overrides(items: list[str], file: str) -> tuple[str | None, dict[str, Any]]:
+    """`key=value` strings → (scale name or None, {dotted key: YAML-parsed value})."""
+    scale, out = None, {}
+    for item in items:
+        if "=" not in item:
+            raise RecipeError(f"override {item!r} is not key=value", file)
+        key, _, raw = item.partition("=")
+        key = key.strip()
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        if key == "scale":
+            scale = str(value)
+        else:
+            out[key] = value
+    return scale, out
+
+
+def load_recipe(path: str | Path, overrides: list[str] | None = None) -> dict:
+    """Read and resolve a recipe file. Raises RecipeError (one line) on anything wrong."""
+    path = Path(path)
+    file = str(path)
+    if not path.exists():
+        raise RecipeError("no such recipe file", file)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else None
+        raise RecipeError(f"invalid YAML: {getattr(e, 'problem', e)}", file, where) from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise RecipeError(f"a recipe is a mapping of sections, got {type(raw).__name__}", file)
+    for k in raw:
+        if k not in TOP_KEYS:
+            raise RecipeError(f"unknown section{did_you_mean(k, TOP_KEYS)}; known: {', '.join(TOP_KEYS)}", file, str(k))
+    raw.setdefault("name", path.stem)
+    scale, cli = parse_overrides(overrides or [], file)
+    scales = raw.pop("scales", None) or {}
+    if not isinstance(scales, dict):
+        raise RecipeError("must map scale names to {key: value} overrides", file, "scales")
+    layers: list[tuple[str, dict]] = []
+    if scale is not None:
+        if scale not in scales:
+            known = ", ".join(scales) or "none defined"
+            raise RecipeError(f"unknown scale {scale!r}{did_you_mean(scale, scales)}; known: {known}", file, "scale")
+        if not isinstance(scales[scale], dict):
+            raise RecipeError("must be a mapping of dotted keys to values", file, f"scales.{scale}")
+        layers.append((f"scales.{scale}", scales[scale]))
+    layers.append(("override", cli))
+    try:
+        conf = OmegaConf.create(raw)
+        for origin, layer in layers:
+            for key, value in layer.items():
+                _check_override_key(key, file, origin)
+                _pin_grid_axis(conf, key)
+                OmegaConf.update(conf, key, value, merge=False, force_add=True)
+        out = OmegaConf.to_container(conf, resolve=True)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or None
+        msg = str(e).splitlines()[0]
+        raise RecipeError(f"cannot resolve: {msg}", file, key) from None
+    if scale is not None:
+        out["scale"] = scale
+    return out
+
+
+def _check_override_key(key: str, file: str, origin: str) -> None:
+    top = key.split(".", 1)[0]
+    if top not in TOP_KEYS or top == "scales":
+        raise RecipeError(f"unknown section {top!r}{did_you_mean(top, TOP_KEYS)} in {origin}", file, key)
+
+
+def _pin_grid_axis(conf, key: str) -> None:
+    """Remove `key` from every grid block (and zip group) so a fixed override wins over a grid axis."""
+    grid = conf.get("grid")
+    if grid is None:
+        return
+    blocks = grid if OmegaConf.is_list(grid) else [grid]
+    for block in blocks:
+        if not OmegaConf.is_dict(block):
+            continue
+        if key in block:
+            del block[key]
+        zips = block.get("zip")
+        for z in (zips if OmegaConf.is_list(zips) else [zips] if zips is not None else []):
+            if OmegaConf.is_dict(z) and key in z:
+                del z[key]

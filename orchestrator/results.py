@@ -1,0 +1,149 @@
+"""What the CLI shows and syncs after (or while) trials run: results and status tables, DuckDB refresh, MLflow
+sync of run dirs. Reads the state store and run dirs; writes DuckDB (single writer: the CLI) and MLflow."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from rich.table import Table
+
+from .driver import driver_alive, read_json
+from .grid import get_dotted
+from .state import StateStore
+
+PREFERRED = ("max_len_acc90", "acc_at_train_len", "scaled_acc", "val_loss", "wikitext_ppl", "avg_acc",
+             "tokens_per_s", "score")
+
+
+def _summary(run_dir: str) -> dict:
+    res = read_json(Path(run_dir) / "result.json") or {}
+    return {k: v for k, v in (res.get("metrics") or {}).items() if isinstance(v, (int, float, str))}
+
+
+def _fmt(v) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def print_results(ws, store: StateStore, recipe: str, sub_id: str, axes: list[str], console) -> None:
+    rows = store.trials(submission=sub_id)
+    sums = {r["trial_id"]: _summary(r["run_dir"]) for r in rows}
+    keys: list[str] = []
+    for s in sums.values():
+        for k, v in s.items():
+            if k not in keys and isinstance(v, (int, float)):
+                keys.append(k)
+    keys.sort(key=lambda k: (PREFERRED.index(k) if k in PREFERRED else len(PREFERRED), k))
+    keys = keys[:6]
+    t = Table(title=f"{recipe}: results")
+    t.add_column("trial_id")
+    for a in axes:
+        t.add_column(a.split(".")[-1])
+    t.add_column("status")
+    for k in keys:
+        t.add_column(k, justify="right")
+    for r in rows:
+        cfg = json.loads(r["config"])
+        style = {"completed": "green", "failed": "red"}.get(r["status"], "yellow")
+        t.add_row(r["trial_id"], *[_fmt(cfg["seed"] if a == "seed" else get_dotted(cfg, a)) for a in axes], f"[{style}]{r['status']}[/{style}]",
+                  *[_fmt(sums[r["trial_id"]].get(k, "")) for k in keys])
+    console.print(t)
+    for r in rows:
+        if r["status"] == "failed":
+            console.print(f"[red]{r['trial_id']}[/red] failed: {r['error']}  (dpx logs {r['trial_id']})",
+                          highlight=False, soft_wrap=True)
+
+
+def print_status(ws, store: StateStore, recipe: str | None, console, all_trials: bool = False) -> None:
+    recipes = [recipe] if recipe else sorted({r["recipe"] for r in store.q("SELECT recipe FROM trials")})
+    t = Table(title=f"dpx status ({ws.root})")
+    for col in ("recipe", "total", "completed", "running", "pending", "failed", "cancelled", "driver"):
+        t.add_column(col, justify="right" if col not in ("recipe", "driver") else "left")
+    notes = []
+    for name in recipes:
+        c = store.counts(recipe=name)
+        subs = store.submissions(name)
+        live = [s for s in subs if driver_alive(s)]
+        drv = f"running ({live[-1]['id']})" if live else (subs[-1]["state"] if subs else "-")
+        t.add_row(name, str(sum(c.values())), f"[green]{c['completed']}[/green]", f"[cyan]{c['running']}[/cyan]",
+                  f"[yellow]{c['pending']}[/yellow]", f"[red]{c['failed']}[/red]", str(c["cancelled"]), drv)
+        if not live and (c["pending"] or c["running"]):
+            notes.append(f"{name}: no live driver but {c['pending']} pending / {c['running']} running trial(s); "
+                         f"`dpx submit` the recipe again to resume (finished trials will not run again)")
+    console.print(t)
+    for name in recipes:
+        for r in store.trials(recipe=name, status="failed"):
+            console.print(f"[red]failed[/red] {name}/{r['trial_id']} (attempts {r['attempts']}): {r['error']}",
+                          highlight=False, soft_wrap=True)
+        if all_trials:
+            for r in store.trials(recipe=name):
+                console.print(f"{r['status']:>9} {name}/{r['trial_id']} attempts={r['attempts']} {r['point']}",
+                              highlight=False)
+    for n in notes:
+        console.print(f"[yellow]note:[/yellow] {n}", highlight=False)
+
+
+# ---- DuckDB -------------------------------------------------------------------------------------------------
+def trial_records(store: StateStore) -> list[dict]:
+    """State rows as plain dicts for the registry (it never imports the orchestrator)."""
+    out = []
+    for r in store.q("SELECT * FROM trials ORDER BY recipe, created_at, trial_id"):
+        out.append({
+            "trial_id": r["trial_id"], "recipe": r["recipe"], "status": r["status"], "attempts": r["attempts"],
+            "run_dir": r["run_dir"], "config": json.loads(r["config"]), "submitted_at": r["created_at"],
+            "started_at": r["started_at"], "ended_at": r["ended_at"], "host": r["host"],
+            "mlflow_run_id": r["mlflow_run_id"], "error": r["error"]})
+    return out
+
+
+def refresh_duckdb(ws, force: bool = False) -> Path:
+    """Rebuild results.duckdb from the run dirs when the state changed since it was built (or when forced)."""
+    from dpx.registry import ingest
+
+    store = StateStore(ws.state_db)
+    last = store.q("SELECT max(updated_at) AS u, count(*) AS n FROM trials")[0]
+    running = store.counts()["running"]
+    stamp = ws.root / ".duckdb_stamp"
+    key = f"{last['u']}:{last['n']}"
+    if not force and running == 0 and ws.duckdb.exists() and stamp.exists() and stamp.read_text() == key:
+        return ws.duckdb
+    ingest(ws.duckdb, trial_records(store))
+    stamp.write_text(key)
+    return ws.duckdb
+
+
+# ---- MLflow sync ----------------------------------------------------------------------------------------------
+def sync_mlflow(ws) -> int:
+    """Log every finished trial that MLflow does not have complete yet (no driver reached it, or MLflow failed)."""
+    from .tracking import Tracker
+
+    store = StateStore(ws.state_db)
+    rows = store.q("SELECT * FROM trials WHERE status IN ('completed','failed','cancelled') AND mlflow_done = 0")
+    if not rows:
+        return 0
+    tracker = Tracker(ws.mlflow_uri(), ws.mlflow_artifacts)
+    n = 0
+    parents: dict[str, tuple[str, str]] = {}
+    for r in rows:
+        cfg = json.loads(r["config"])
+        exp_name = (cfg.get("tracking") or {}).get("experiment") or r["recipe"]
+        exp_id = tracker.experiment(exp_name)
+        run_id = r["mlflow_run_id"]
+        if not run_id:
+            if r["recipe"] not in parents:
+                sub = store.submission(r["submission_id"]) if r["submission_id"] else None
+                pid = sub["mlflow_parent_run_id"] if sub is not None else None
+                if not pid:
+                    pid = tracker.parent_run(exp_id, f"sync-{time.strftime('%Y%m%d-%H%M%S')}", r["recipe"], "", 0)
+                parents[r["recipe"]] = (exp_id, pid)
+            run_id = tracker.child_run(exp_id, parents[r["recipe"]][1], dict(r))
+        off = tracker.forward(run_id, Path(r["run_dir"]), 0)  # replay all: MLflow drops exact duplicates
+        tracker.finish(run_id, Path(r["run_dir"]), r["status"], r["error"])
+        store.set_trial(r["recipe"], r["trial_id"], mlflow_run_id=run_id, mlflow_offset=off, mlflow_done=1)
+        n += 1
+    for exp_id, pid in parents.values():
+        try:
+            tracker.client.set_terminated(pid, "FINISHED")
+        except Exception:  # noqa: BLE001
+            pass
+    return n

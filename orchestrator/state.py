@@ -1,0 +1,226 @@
+"""State store: one SQLite file (WAL) in the workspace, written only by the CLI and drivers, never by trials.
+
+Trial states:  pending → running → completed | failed | cancelled;  failed/cancelled → pending (`rerun`);
+               running → pending (preempted, or retried under the recipe's max_retries).
+A trial is claimed with a conditional UPDATE (`... WHERE status = 'pending'`), so two drivers — two concurrent
+`dpx submit` of one recipe — can never start the same trial. Every write is one short IMMEDIATE transaction with
+a long busy timeout, so concurrent CLIs wait instead of failing with "database is locked".
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sqlite3
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+STATUSES = ("pending", "running", "completed", "failed", "cancelled")
+SCHEMA_VERSION = 1
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS submissions (
+  id TEXT PRIMARY KEY, recipe TEXT NOT NULL, file TEXT, overrides TEXT, created_at REAL, backend TEXT,
+  n_trials INTEGER, state TEXT DEFAULT 'running', driver_pid INTEGER, driver_host TEXT, heartbeat REAL,
+  mlflow_experiment_id TEXT, mlflow_parent_run_id TEXT, ended_at REAL
+);
+CREATE TABLE IF NOT EXISTS trials (
+  recipe TEXT NOT NULL, trial_id TEXT NOT NULL, status TEXT NOT NULL DEFAULT 'pending',
+  attempts INTEGER NOT NULL DEFAULT 0, config TEXT NOT NULL, point TEXT, run_dir TEXT NOT NULL,
+  submission_id TEXT, owner TEXT, created_at REAL, queued_at REAL, started_at REAL, ended_at REAL,
+  error TEXT, host TEXT, pid INTEGER, backend_job_id TEXT, mlflow_run_id TEXT, mlflow_offset INTEGER DEFAULT 0,
+  mlflow_done INTEGER DEFAULT 0, preemptions INTEGER DEFAULT 0, updated_at REAL,
+  PRIMARY KEY (recipe, trial_id)
+);
+CREATE INDEX IF NOT EXISTS trials_status ON trials (recipe, status);
+CREATE TABLE IF NOT EXISTS submission_trials (
+  submission_id TEXT NOT NULL, recipe TEXT NOT NULL, trial_id TEXT NOT NULL, seq INTEGER,
+  PRIMARY KEY (submission_id, recipe, trial_id)
+);
+CREATE TABLE IF NOT EXISTS events (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, time REAL, recipe TEXT, trial_id TEXT, kind TEXT, detail TEXT
+);
+"""
+
+
+class StateStore:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.conn = sqlite3.connect(str(self.path), timeout=120, isolation_level=None, check_same_thread=False)
+        self.conn.row_factory = sqlite3.Row
+        self.conn.execute("PRAGMA busy_timeout = 120000")
+        self.conn.execute("PRAGMA journal_mode = WAL")
+        self.conn.execute("PRAGMA synchronous = NORMAL")
+        with self.tx() as c:
+            for stmt in SCHEMA.split(";"):
+                if stmt.strip():
+                    c.execute(stmt)
+            c.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+
+    def close(self) -> None:
+        self.conn.close()
+
+    @contextmanager
+    def tx(self) -> Iterator[sqlite3.Connection]:
+        """One IMMEDIATE transaction (takes the write lock up front, so it never deadlocks on upgrade)."""
+        for attempt in range(200):
+            try:
+                self.conn.execute("BEGIN IMMEDIATE")
+                break
+            except sqlite3.OperationalError as e:  # busy beyond the timeout: keep waiting, never surface it
+                if "locked" not in str(e) and "busy" not in str(e):
+                    raise
+                time.sleep(0.05 * (1 + attempt % 10))
+        try:
+            yield self.conn
+            self.conn.execute("COMMIT")
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+
+    def q(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
+        for attempt in range(200):
+            try:
+                return self.conn.execute(sql, args).fetchall()
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) and "busy" not in str(e):
+                    raise
+                time.sleep(0.05)
+        raise RuntimeError("state store stayed locked")
+
+    # ---- submissions --------------------------------------------------------------------------------------
+    def add_submission(self, sub_id: str, recipe: str, file: str, overrides: list[str], backend: str,
+                       trials: list[Any], run_dir_of) -> dict[str, int]:
+        """Register a submission and its trials. New trials start pending; existing ones keep their state."""
+        now = time.time()
+        counts = {"new": 0, "existing": 0}
+        with self.tx() as c:
+            c.execute("INSERT INTO submissions (id, recipe, file, overrides, created_at, backend, n_trials, state)"
+                      " VALUES (?,?,?,?,?,?,?, 'starting')",
+                      (sub_id, recipe, file, json.dumps(overrides), now, backend, len(trials)))
+            for seq, t in enumerate(trials):
+                cur = c.execute(
+                    "INSERT OR IGNORE INTO trials (recipe, trial_id, status, config, point, run_dir, submission_id,"
+                    " created_at, queued_at, updated_at) VALUES (?,?, 'pending', ?,?,?,?,?,?,?)",
+                    (recipe, t.trial_id, json.dumps(t.config), json.dumps(t.point), str(run_dir_of(t)), sub_id,
+                     now, now, now))
+                counts["new" if cur.rowcount else "existing"] += 1
+                if cur.rowcount:
+                    c.execute("INSERT INTO events (time, recipe, trial_id, kind, detail) VALUES (?,?,?,?,?)",
+                              (now, recipe, t.trial_id, "created", sub_id))
+                c.execute("INSERT OR IGNORE INTO submission_trials VALUES (?,?,?,?)", (sub_id, recipe, t.trial_id, seq))
+        return counts
+
+    def submission(self, sub_id: str) -> sqlite3.Row | None:
+        rows = self.q("SELECT * FROM submissions WHERE id = ?", (sub_id,))
+        return rows[0] if rows else None
+
+    def update_submission(self, sub_id: str, **fields: Any) -> None:
+        sets = ", ".join(f"{k} = ?" for k in fields)
+        with self.tx() as c:
+            c.execute(f"UPDATE submissions SET {sets} WHERE id = ?", (*fields.values(), sub_id))
+
+    def submissions(self, recipe: str | None = None) -> list[sqlite3.Row]:
+        if recipe:
+            return self.q("SELECT * FROM submissions WHERE recipe = ? ORDER BY created_at", (recipe,))
+        return self.q("SELECT * FROM submissions ORDER BY created_at")
+
+    # ---- trials -------------------------------------------------------------------------------------------
+    def trials(self, recipe: str | None = None, status: str | None = None,
+               submission: str | None = None) -> list[sqlite3.Row]:
+        sql, args = "SELECT t.* FROM trials t", []
+        where = []
+        if submission:
+            sql += " JOIN submission_trials s ON s.recipe = t.recipe AND s.trial_id = t.trial_id"
+            where.append("s.submission_id = ?")
+            args.append(submission)
+        if recipe:
+            where.append("t.recipe = ?")
+            args.append(recipe)
+        if status:
+            where.append("t.status = ?")
+            args.append(status)
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY s.seq" if submission else " ORDER BY t.created_at, t.trial_id"
+        return self.q(sql, tuple(args))
+
+    def find_trial(self, prefix: str) -> list[sqlite3.Row]:
+        return self.q("SELECT * FROM trials WHERE trial_id LIKE ? ORDER BY recipe", (prefix + "%",))
+
+    def counts(self, recipe: str | None = None, submission: str | None = None) -> dict[str, int]:
+        out = {s: 0 for s in STATUSES}
+        for r in self.trials(recipe=recipe, submission=submission):
+            out[r["status"]] += 1
+        return out
+
+    def claim(self, recipe: str, trial_id: str, owner: str) -> sqlite3.Row | None:
+        """pending → running for this owner, atomically; None when someone else got it (or it is not pending)."""
+        now = time.time()
+        with self.tx() as c:
+            cur = c.execute(
+                "UPDATE trials SET status = 'running', owner = ?, attempts = attempts + 1, started_at = ?,"
+                " ended_at = NULL, error = NULL, host = ?, pid = NULL, updated_at = ?"
+                " WHERE recipe = ? AND trial_id = ? AND status = 'pending'",
+                (owner, now, socket.gethostname(), now, recipe, trial_id))
+            if not cur.rowcount:
+                return None
+            self._event(c, recipe, trial_id, "running", owner)
+            return c.execute("SELECT * FROM trials WHERE recipe = ? AND trial_id = ?", (recipe, trial_id)).fetchone()
+
+    def set_trial(self, recipe: str, trial_id: str, expect_status: str | None = None, **fields: Any) -> bool:
+        """Update fields of a trial (optionally only if it is in `expect_status`); logs status changes."""
+        fields["updated_at"] = time.time()
+        sets = ", ".join(f"{k} = ?" for k in fields)
+        sql = f"UPDATE trials SET {sets} WHERE recipe = ? AND trial_id = ?"
+        args = [*fields.values(), recipe, trial_id]
+        if expect_status:
+            sql += " AND status = ?"
+            args.append(expect_status)
+        with self.tx() as c:
+            ok = c.execute(sql, tuple(args)).rowcount > 0
+            if ok and "status" in fields:
+                self._event(c, recipe, trial_id, fields["status"], fields.get("error") or "")
+        return ok
+
+    def reset(self, recipe: str, statuses: tuple[str, ...], trial_ids: list[str] | None = None) -> int:
+        """Put failed/cancelled trials back to pending (rerun). Attempts are kept (they count)."""
+        marks = ",".join("?" for _ in statuses)
+        sql = f"UPDATE trials SET status = 'pending', owner = NULL, updated_at = ? WHERE recipe = ? AND status IN ({marks})"
+        args: list[Any] = [time.time(), recipe, *statuses]
+        if trial_ids is not None:
+            sql += f" AND trial_id IN ({','.join('?' for _ in trial_ids)})"
+            args += trial_ids
+        with self.tx() as c:
+            return c.execute(sql, tuple(args)).rowcount
+
+    def events(self, recipe: str, trial_id: str) -> list[sqlite3.Row]:
+        return self.q("SELECT * FROM events WHERE recipe = ? AND trial_id = ? ORDER BY id", (recipe, trial_id))
+
+    @staticmethod
+    def _event(c: sqlite3.Connection, recipe: str, trial_id: str, kind: str, detail: str) -> None:
+        c.execute("INSERT INTO events (time, recipe, trial_id, kind, detail) VALUES (?,?,?,?,?)",
+                  (time.time(), recipe, trial_id, kind, detail))
+
+
+def pid_alive(pid: int | None, host: str | None = None) -> bool:
+    """Whether a process of ours is alive (only decidable on its own host; elsewhere assume alive)."""
+    if not pid:
+        return False
+    if host and host != socket.gethostname():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is dead for our purposes
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True

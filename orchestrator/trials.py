@@ -1,0 +1,236 @@
+"""Recipe → validated list of Trials (resolved config + trial_id).
+
+Each section of each trial is validated by its typed config class (models' ModelConfig, the task's config class,
+TrainConfig, EvalConfig, HardwareConfig); identical sections are validated once, so a 100,000-point grid expands
+in about a second.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+
+from .errors import RecipeError, did_you_mean
+from .grid import expand_grid, set_dotted
+from .hardware import HardwareConfig, TrackingConfig
+from .identity import canonical_json, trial_id
+from .load import load_recipe
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class RecipeMeta(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str
+    description: str = ""
+    version: int = 1
+    seeds: list[int] = Field(default_factory=lambda: [0])
+    hardware: HardwareConfig = Field(default_factory=HardwareConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not NAME_RE.match(v):
+            raise ValueError("must be letters, digits, '_', '.', '-' (it names folders and MLflow experiments)")
+        return v
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError("must be >= 1")
+        return v
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, v: list[int]) -> list[int]:
+        if not v:
+            raise ValueError("must list at least one seed")
+        if len(set(v)) != len(v):
+            raise ValueError("has duplicates")
+        return v
+
+
+@dataclass
+class Trial:
+    trial_id: str
+    recipe: str
+    config: dict  # resolved: recipe, version, seed, model, task, train, eval, hardware, tracking, trial_id
+    point: dict = field(default_factory=dict)  # the grid point (dotted key → value) incl. seed
+
+
+@dataclass
+class Expansion:
+    recipe: str
+    file: str
+    meta: RecipeMeta
+    trials: list[Trial]
+    axes: list[str]  # dotted keys that vary across the trials
+    raw: dict  # the loaded recipe (after scale and overrides)
+
+
+def expand(path: str | Path, overrides: list[str] | None = None) -> Expansion:
+    file = str(path)
+    raw = load_recipe(path, overrides)
+    try:
+        meta = RecipeMeta.model_validate(raw)
+    except ValidationError as e:
+        raise _pyd_error(e, file, "", RecipeMeta) from None
+    base = {s: raw.get(s) if raw.get(s) is not None else {} for s in ("model", "task", "train", "eval")}
+    if raw.get("model") is None:
+        base["model"] = None
+    for s, v in base.items():
+        if v is not None and not isinstance(v, dict):
+            raise RecipeError(f"must be a mapping, got {type(v).__name__}", file, s)
+    points = expand_grid(raw.get("grid"), file)
+    hardware = meta.hardware.model_dump()
+    tracking = meta.tracking.model_dump()
+    validator = _SectionValidator(file)
+    trials: dict[str, Trial] = {}
+    for point in points:
+        cfg = copy.deepcopy(base)
+        for key, value in point.items():
+            if key.startswith("model.") and cfg["model"] is None:
+                cfg["model"] = {}
+            set_dotted(cfg, key, value)
+        sections, sjson = validator.validate(cfg, point)
+        for seed in meta.seeds:
+            conf = {"recipe": meta.name, "version": meta.version, "seed": seed, **sections,
+                    "hardware": hardware, "tracking": tracking}
+            tid = trial_id(conf, sjson)
+            conf["trial_id"] = tid
+            if tid not in trials:  # two grid points that resolve to one config are one trial
+                trials[tid] = Trial(tid, meta.name, conf, {**point, "seed": seed})
+    out = list(trials.values())
+    if not out:
+        raise RecipeError("the grid expands to no trial", file, "grid")
+    axes = _varying_axes(out)
+    return Expansion(meta.name, file, meta, out, axes, raw)
+
+
+def _varying_axes(trials: list[Trial]) -> list[str]:
+    keys: dict[str, set] = {}
+    for t in trials:
+        for k, v in t.point.items():
+            keys.setdefault(k, set()).add(canonical_json(v))
+    return [k for k, vs in keys.items() if len(vs) > 1]
+
+
+class _SectionValidator:
+    """Validates each section with its config class; caches by the section's canonical JSON."""
+
+    def __init__(self, file: str):
+        self.file = file
+        self.cache: dict[tuple[str, str], tuple[Any, str]] = {}
+
+    def validate(self, cfg: dict, point: dict) -> tuple[dict, dict[str, str]]:
+        out, sjson = {}, {}
+        task_name = (cfg.get("task") or {}).get("name")
+        for s in ("task", "model", "train", "eval"):
+            key = (s, canonical_json(cfg.get(s)))
+            hit = self.cache.get(key)
+            if hit is None:
+                try:
+                    value = self._validate_section(s, cfg.get(s), task_name)
+                except RecipeError as e:
+                    if point:
+                        e = RecipeError(f"{e.reason} (grid point {_fmt_point(point)})", e.file, e.key)
+                    raise e from None
+                hit = (value, canonical_json(value))
+                self.cache[key] = hit
+            out[s], sjson[s] = hit
+        return out, sjson
+
+    def _validate_section(self, section: str, value: Any, task_name: str | None) -> Any:
+        if section == "task":
+            return _validate_dc(_task_cls(task_name, self.file), value, self.file, "task")
+        if section == "model":
+            if value is None:
+                if _task_needs_model(task_name):
+                    raise RecipeError("this task trains a model: add a `model:` section", self.file, "model")
+                return None
+            return _validate_dc(_model_cls(), value, self.file, "model")
+        from dpx.tasks.training.config import EvalConfig, TrainConfig
+
+        return _validate_dc(TrainConfig if section == "train" else EvalConfig, value, self.file, section)
+
+
+def _fmt_point(point: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in point.items())
+
+
+def _task_needs_model(name: str | None) -> bool:
+    return name not in ("debug",)
+
+
+def _task_cls(name: Any, file: str) -> type:
+    from dpx.tasks import TASKS
+
+    if not name:
+        raise RecipeError(f"missing; known tasks: {', '.join(sorted(TASKS))}", file, "task.name")
+    if name not in TASKS:
+        raise RecipeError(f"unknown task {name!r}{did_you_mean(name, TASKS)}; known: {', '.join(sorted(TASKS))}",
+                          file, "task.name")
+    return TASKS[name].config_cls()
+
+
+def _model_cls() -> type:
+    from dpx.models.config import ModelConfig
+
+    return ModelConfig
+
+
+@lru_cache(maxsize=None)
+def _adapter(cls: type) -> TypeAdapter:
+    return TypeAdapter(cls)
+
+
+def _validate_dc(cls: type, value: Any, file: str, section: str) -> dict:
+    if not isinstance(value, dict):
+        raise RecipeError(f"must be a mapping, got {type(value).__name__}", file, section)
+    try:
+        obj = _adapter(cls).validate_python(value)
+    except ValidationError as e:
+        raise _pyd_error(e, file, section, cls) from None
+    except (ValueError, TypeError) as e:  # raised by a config class outside pydantic's wrapping
+        raise _value_error(str(e), file, section) from None
+    return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else obj.model_dump()
+
+
+def _field_names(cls: Any) -> list[str]:
+    if dataclasses.is_dataclass(cls):
+        return [f.name for f in dataclasses.fields(cls)]
+    return list(getattr(cls, "model_fields", {}))
+
+
+def _pyd_error(e: ValidationError, file: str, section: str, cls: Any) -> RecipeError:
+    err = e.errors()[0]
+    loc = [str(x) for x in err["loc"]]
+    path = ".".join([section] + loc if section else loc)
+    etype, msg = err["type"], err["msg"]
+    if etype in ("extra_forbidden", "unexpected_keyword_argument"):
+        owner = cls
+        for part in loc[:-1]:  # nested model: find the owning class for the did-you-mean
+            fld = getattr(owner, "model_fields", {}).get(part)
+            owner = fld.annotation if fld is not None else owner
+        return RecipeError(f"unknown key{did_you_mean(loc[-1], _field_names(owner))}", file, path)
+    if etype in ("value_error", "assertion_error"):
+        return _value_error(msg.removeprefix("Value error, ").removeprefix("Assertion failed, "), file, path)
+    if etype == "missing":
+        return RecipeError("required key is missing", file, path)
+    return RecipeError(f"{msg} (got {err.get('input')!r})", file, path)
+
+
+def _value_error(msg: str, file: str, path: str) -> RecipeError:
+    """Config classes raise ValueError('key: reason'); turn it into section.key + reason."""
+    m = re.match(r"^([A-Za-z_][\w.\[\]]*): (.*)$", msg, re.S)
+    if m:
+        return RecipeError(m.group(2).strip(), file, f"{path}.{m.group(1)}" if path else m.group(1))
+    return RecipeError(msg.strip(), file, path or None)
