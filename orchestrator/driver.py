@@ -162,6 +162,9 @@ class Driver:
                 continue
             self._launch(claimed)
             started = True
+        if started:
+            for tid, handle in self.backend.flush().items():
+                self.store.set_trial(self.recipe, tid, backend_job_id=handle)
         return started
 
     def _launch(self, row) -> None:

@@ -56,6 +56,11 @@ class Backend(ABC):
     def cancel(self, recipe: str, trial_id: str, reason: str = "cancelled") -> None:
         """Stop a running attempt; it is reported by poll() with the given reason."""
 
+    def flush(self) -> dict[str, str]:
+        """Called after a round of start() calls: a backend that batches (Slurm job arrays) submits here and
+        returns {trial_id: job handle} for the trials it submitted."""
+        return {}
+
     def adopt(self, recipe: str, trial_id: str, handle: str, run_dir: Path, attempt: int) -> bool:
         """Watch an attempt started by a driver that died. False when it cannot be found (it is then lost)."""
         return False
