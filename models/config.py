@@ -176,8 +176,11 @@ class ModelConfig:
         dv = self.key_dim * self.expand_v
         if self.expand_v <= 0 or dv != int(dv):
             raise ValueError(f"expand_v: head_dim * expand_v must be a positive integer, got {self.key_dim} * {self.expand_v}")
-        if self.family == "transformer" and self.key_dim % 2:
-            raise ValueError(f"head_dim: RoPE needs an even head_dim, got {self.key_dim}")
+        if self.family in ("transformer", "retnet") and self.key_dim % 2:
+            raise ValueError(f"head_dim: rotary embeddings need an even head_dim, got {self.key_dim}")
+        if self.family == "mamba2" and (self.expand * self.hidden_size) % self.num_heads:
+            raise ValueError(f"num_heads: {self.num_heads} does not divide mamba2's inner size "
+                             f"expand * hidden_size = {self.expand * self.hidden_size}")
         if self.intermediate_size is not None and self.intermediate_size < 1:
             raise ValueError(f"intermediate_size: must be >= 1, got {self.intermediate_size}")
         if self.mlp_ratio < 0:

@@ -71,3 +71,13 @@ def token_shift(x: torch.Tensor, last: torch.Tensor | None) -> tuple[torch.Tenso
     """RWKV's time shift: x_{t-1} for every t (zeros, or `last` [B, D], before the first). Returns (shifted, new last)."""
     prev = x.new_zeros(x.shape[0], 1, x.shape[2]) if last is None else last[:, None].to(x.dtype)
     return torch.cat([prev, x[:, :-1]], dim=1), x[:, -1]
+
+
+def rotary(x: torch.Tensor, start: int, theta: float = 10000.0) -> torch.Tensor:
+    """RoPE (rotate-half convention) on x [B, T, H, D] for positions start .. start+T-1."""
+    B, T, H, D = x.shape
+    inv = 1.0 / theta ** (torch.arange(0, D, 2, device=x.device, dtype=torch.float64) / D)
+    ang = torch.arange(start, start + T, device=x.device, dtype=torch.float64)[:, None] * inv  # [T, D/2]
+    cos, sin = ang.cos().to(x.dtype)[None, :, None], ang.sin().to(x.dtype)[None, :, None]
+    x1, x2 = x[..., : D // 2], x[..., D // 2:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)

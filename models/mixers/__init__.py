@@ -3,9 +3,23 @@ from __future__ import annotations
 
 from ..config import FAMILIES, did_you_mean
 from .base import MODES, Mixer
+from .attention import Attention
 from .delta import DeltaProductMixer
+from .linear import GLA, LinearAttention, Mamba2, RetNet
+from .mamba import Mamba
+from .rwkv import RWKV4, RWKV5, RWKV6, RWKV7
 
 MIXERS: dict[str, type[Mixer]] = {
+    "linear_attention": LinearAttention,
+    "retnet": RetNet,
+    "rwkv4": RWKV4,
+    "rwkv5": RWKV5,
+    "rwkv6": RWKV6,
+    "gla": GLA,
+    "mamba": Mamba,
+    "mamba2": Mamba2,
+    "rwkv7": RWKV7,
+    "transformer": Attention,
     "deltanet": DeltaProductMixer,
     "gated_deltanet": DeltaProductMixer,
     "deltaproduct": DeltaProductMixer,

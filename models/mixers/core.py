@@ -1,0 +1,110 @@
+"""One PyTorch recurrence for every non-delta-rule family: diagonal decay plus an optional rank-one term.
+
+    S_t = diag(exp(w_t)) S_{t-1} + a_t (b_t^T S_{t-1}) + k_t v_t^T          S: [K, V] per head, w_t <= 0 (log decay)
+    o_t = scale * S_t^T q_t                                                   (default: read after the update)
+    o_t = scale * (S_{t-1}^T q_t + (q_t . (u * k_t)) v_t)                    (u given: RWKV's "bonus" read)
+
+Linear attention (w = 0), RetNet (w = log gamma_h), RWKV-5 (static per-channel w), RWKV-6 / GLA (data-dependent
+per-channel w), Mamba-2 (data-dependent scalar w), Mamba (per channel x state w = dt*A, V = 1), RWKV-4 (K = 1) and
+RWKV-7 (a = -(a_t * kappa_t), b = kappa_t) are all special cases. `w` may be [..., K] or [..., 1] (scalar decay).
+
+`recurrent` is the token loop. `chunked` is the chunkwise-parallel form: within a chunk of C steps with
+G_t = sum_{s<=t} w_s and chunk-start state S0,
+    S_t = exp(G_t) S0 + sum_{r<=t} exp(G_t - G_r) (a_r x_r^T + k_r v_r^T),   x_s = S_{s-1}^T b_s,
+and the x_s solve the unit-lower-triangular system (I - M) X = (b exp(G_{s-1})) S0 + N V with
+M_sr = b_s.(exp(G_{s-1} - G_r) a_r), N_sr = b_s.(exp(G_{s-1} - G_r) k_r) for r < s. Only differences G_i - G_j
+with i >= j are exponentiated (never a positive exponent), so strong decays are safe. Everything is autograd-
+differentiable; it is the CPU/reference path (memory O(B H C^2 K) per chunk).
+"""
+from __future__ import annotations
+
+import torch
+
+
+def _expand(w, K):
+    return w if w.shape[-1] == K else w.expand(*w.shape[:-1], K)
+
+
+def recurrent(q, k, v, w, a=None, b=None, u=None, S0=None, scale: float = 1.0):
+    """q, k [B, T, H, K]; v [B, T, H, V]; w [B, T, H, K|1]; a, b [B, T, H, K]; u [H, K]; S0 [B, H, K, V].
+    Returns (o [B, T, H, V], S [B, H, K, V])."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    S = q.new_zeros(B, H, K, V) if S0 is None else S0.to(q.dtype)
+    outs = []
+    for t in range(T):
+        prev = S
+        S = w[:, t].exp()[..., None] * S + k[:, t, :, :, None] * v[:, t, :, None, :]
+        if a is not None:
+            x = torch.einsum("bhkv,bhk->bhv", prev, b[:, t])
+            S = S + a[:, t, :, :, None] * x[:, :, None, :]
+        if u is None:
+            o = torch.einsum("bhkv,bhk->bhv", S, q[:, t])
+        else:
+            bonus = (q[:, t] * u * k[:, t]).sum(-1, keepdim=True)
+            o = torch.einsum("bhkv,bhk->bhv", prev, q[:, t]) + bonus * v[:, t]
+        outs.append(o * scale)
+    o = torch.stack(outs, 1) if outs else q.new_zeros(B, 0, H, V)
+    return o, S
+
+
+def chunked(q, k, v, w, a=None, b=None, u=None, S0=None, scale: float = 1.0, chunk_size: int = 64):
+    """Same contract as `recurrent`, chunkwise parallel."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    C = chunk_size
+    S = q.new_zeros(B, H, K, V) if S0 is None else S0.to(q.dtype)
+    if T == 0:
+        return q.new_zeros(B, 0, H, V), S
+    pad = (-T) % C
+    lowrank = a is not None
+
+    def prep(x):  # [B, T, H, D] -> [B, H, NT, C, D], padded with zeros (identity steps: w=0, k=0, a=0)
+        if x is None:
+            return None
+        x = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad))
+        return x.view(B, -1, C, H, x.shape[-1]).permute(0, 3, 1, 2, 4)
+
+    q, k, v, w = prep(q), prep(k), prep(v), prep(w)
+    a, b = prep(a), prep(b)
+    G = w.cumsum(-2)  # inclusive cumulative log decay per chunk
+    Gx = G - w        # exclusive: G_{t-1}
+    idx = torch.arange(C, device=q.device)
+    incl = idx[:, None] >= idx[None, :]
+    strict = idx[:, None] > idx[None, :]
+
+    def decay(rows, mask):  # [B, H, NT, C, C, K|1]: exp(rows_t - G_r) where mask, else 0 (never exp(>0))
+        diff = rows[..., :, None, :] - G[..., None, :, :]
+        return torch.where(mask[..., None], diff, diff.new_full((), -float("inf"))).exp()
+
+    read_rows, read_mask = (G, incl) if u is None else (Gx, strict)
+    D_read = decay(read_rows, read_mask)
+    qk = torch.einsum("bhnti,bhntri,bhnri->bhntr", q, _expand(D_read, K) if D_read.shape[-1] != K else D_read, k)
+    if lowrank:
+        D_x = decay(Gx, strict)
+        M = torch.einsum("bhnsi,bhnsri,bhnri->bhnsr", b, _expand(D_x, K), a)
+        N = torch.einsum("bhnsi,bhnsri,bhnri->bhnsr", b, _expand(D_x, K), k)
+        I = torch.eye(C, dtype=q.dtype, device=q.device)
+        IM = I - M
+        qa = torch.einsum("bhnti,bhntri,bhnri->bhntr", q, _expand(D_read, K), a)
+    outs = []
+    G_last = G[:, :, :, -1:, :]  # [B, H, NT, 1, K|1]
+    D_end = (G_last - G).exp()   # exp(G_C - G_r) <= 1
+    for c in range(G.shape[2]):
+        qc, kc, vc = q[:, :, c], k[:, :, c], v[:, :, c]
+        rows = read_rows[:, :, c]
+        o = torch.einsum("bhtk,bhkv->bhtv", qc * rows.exp(), S) + qk[:, :, c] @ vc
+        if u is not None:
+            o = o + (qc * u[None, :, None] * kc).sum(-1, keepdim=True) * vc
+        end = _expand(D_end[:, :, c], K)
+        S_new = G_last[:, :, c, 0].exp()[..., None] * S + torch.einsum("bhrk,bhrv->bhkv", kc * end, vc)
+        if lowrank:
+            ac, bc = a[:, :, c], b[:, :, c]
+            rhs = torch.einsum("bhsk,bhkv->bhsv", bc * Gx[:, :, c].exp(), S) + N[:, :, c] @ vc
+            X = torch.linalg.solve_triangular(IM[:, :, c], rhs, upper=False, unitriangular=True)
+            o = o + qa[:, :, c] @ X
+            S_new = S_new + torch.einsum("bhrk,bhrv->bhkv", ac * end, X)
+        S = S_new
+        outs.append(o * scale)
+    o = torch.stack(outs, 2).reshape(B, H, -1, V)[:, :, :T].transpose(1, 2)
+    return o, S
