@@ -38,6 +38,9 @@ class TrainConfig:
     early_stop_metric: str = ""
     """validation metric that ends training when it reaches early_stop_value ('' disables)"""
     early_stop_value: float = 1.0
+    """threshold of early_stop_metric"""
+    early_stop_mode: str = "max"
+    """max: stop when the metric is >= early_stop_value; min: when it is <= (e.g. a validation loss)"""
     max_time_s: float = 0.0
     """stop training after this many seconds (0: no limit)"""
     compile: bool = False
@@ -53,6 +56,15 @@ class TrainConfig:
             raise ValueError(f"schedule: must be cosine, constant or linear, got {self.schedule!r}")
         if self.precision not in ("auto", "fp32", "bf16"):
             raise ValueError(f"precision: must be auto, fp32 or bf16, got {self.precision!r}")
+        if self.early_stop_mode not in ("max", "min"):
+            raise ValueError(f"early_stop_mode: must be max or min, got {self.early_stop_mode!r}")
+        for k in ("warmup_steps", "eval_every", "log_every", "checkpoint_every"):
+            if getattr(self, k) < 0:
+                raise ValueError(f"{k}: must be >= 0, got {getattr(self, k)}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"min_lr_ratio: must be in [0, 1], got {self.min_lr_ratio}")
+        if self.grad_clip < 0:
+            raise ValueError(f"grad_clip: must be >= 0 (0 disables), got {self.grad_clip}")
         if self.batch_size % self.grad_accum:
             raise ValueError(f"grad_accum: {self.grad_accum} does not divide batch_size {self.batch_size}")
         self.betas = tuple(self.betas)
@@ -68,9 +80,15 @@ class EvalConfig:
     """evaluation sequences (synthetic tasks)"""
     probe: bool = False
     """run the task's interpretability probe after training (word problems: Fig. 7 beta / key-PCA probe)"""
+    probe_samples: int = 256
+    """sequences fed through the model by the probe"""
     extra: dict = field(default_factory=dict)
     """task-specific evaluation options"""
 
     def __post_init__(self):
         if self.batch_size < 1:
             raise ValueError(f"batch_size: must be >= 1, got {self.batch_size}")
+        if self.num_samples < 1:
+            raise ValueError(f"num_samples: must be >= 1, got {self.num_samples}")
+        if self.probe_samples < 1:
+            raise ValueError(f"probe_samples: must be >= 1, got {self.probe_samples}")

@@ -1,0 +1,26 @@
+"""Small matplotlib helpers shared by the synthetic tasks. matplotlib is optional on a bare GPU node: without
+it the figure is skipped with a note (the curves are in metrics.jsonl anyway, the registry can plot them later)."""
+from __future__ import annotations
+
+from typing import Any
+
+
+def pyplot() -> Any | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("[dpx] matplotlib is not installed: figure skipped (curves are in metrics.jsonl)", flush=True)
+        return None
+    return plt
+
+
+def save(ctx, fig, name: str) -> None:
+    import matplotlib.pyplot as plt
+
+    try:
+        ctx.save_figure(fig, name)
+    finally:
+        plt.close(fig)
