@@ -1,0 +1,32 @@
+"""dpx.registry: results database (DuckDB) built from run dirs, the paper's reference numbers, comparisons,
+plots and the HTML report. Reads run dirs as data; imports duckdb, numpy, matplotlib and the stdlib only.
+
+    ingest(db_path, trials) -> stats        (re)build the database from run dirs, atomically   (build.py)
+    query(db_path, sql) -> (columns, rows)  read-only SQL                                       (db.py)
+    compare(db_path, name) -> Comparison    ours beside the paper's: table2..table5, fig4, fig5, fig8, fig9
+    report(db_path, recipe, out_html)       one self-contained HTML file                        (html.py)
+    plots.write_plots(db_path, out_dir)     PNGs (Fig. 4/5/8/9, tables) for MLflow              (plots.py)
+Module names differ from the function names so that `dpx.registry.compare` is always the function.
+"""
+from __future__ import annotations
+
+from .build import ingest
+from .comparison import Comparison, compare
+from .db import query
+from .reference import KNOWN as KNOWN_NAMES
+
+
+def __getattr__(name: str):
+    # matplotlib loads only when a report or plot is asked for: `import dpx.registry` stays cheap for the CLI.
+    if name in ("report", "NothingToReport"):
+        from . import html
+
+        return getattr(html, name)
+    if name == "plots":
+        from . import plots
+
+        return plots
+    raise AttributeError(f"module 'dpx.registry' has no attribute {name!r}")
+
+
+__all__ = ["ingest", "query", "compare", "Comparison", "report", "NothingToReport", "plots", "KNOWN_NAMES"]

@@ -61,7 +61,7 @@ CONFIG_FIELDS: dict[str, tuple[str, ...]] = {
     "num_heads": ("model.num_heads",),
     "head_dim": ("model.head_dim",),
     "size": ("model.size", "model.preset", "task.size"),  # e.g. "213M"; else num_params decides
-    "matching": ("model.matching", "model.match", "model.param_matching"),  # none | heads | head_dim | mlp
+    "matching": ("model.matching.mode", "model.matching"),  # none | heads | head_dim | mlp (models/config.py)
     "group": ("task.group",),  # S3 | S4 | A5 | S5
     "language": ("task.language", "task.name_variant", "task.variant"),  # parity | mod_arith | mod_arith_brackets
     "dataset": ("task.dataset", "eval.dataset", "task.data"),
@@ -166,7 +166,9 @@ def size_label(cfg: dict, num_params: float | None) -> str | None:
 def matching(cfg: dict, recipe: str) -> str | None:
     """Parameter-matching mode: from the config, else from the recipe name (table3 = head_dim, table4 = heads)."""
     m = lookup(cfg, "matching")
-    if m is not None:
+    if isinstance(m, dict):
+        m = m.get("mode")
+    if m is not None and str(m) != "none":  # "none": no matching named, so the recipe name decides
         return str(m)
     r = (recipe or "").lower()
     if r.startswith("table3"):

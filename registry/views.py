@@ -29,7 +29,7 @@ def lit(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
 
 
-def lm_table(name: str) -> str:
+def lm_table(name: str, where: str = "TRUE") -> str:
     cols = K.TABLE_COLUMNS[name]
     agg = ",\n    ".join(f"avg(s.value) FILTER (WHERE s.key = {lit(c.key)}) * {c.scale} AS {c.paper}" for c in cols)
     keys = ", ".join(lit(c.key) for c in cols)
@@ -39,7 +39,7 @@ WITH ours AS (
   SELECT t.size_label AS size, t.model_label AS model, count(DISTINCT t.trial_id) AS n_runs,
     {agg}
   FROM trials t JOIN summary s USING (trial_id)
-  WHERE {DONE} AND s.key IN ({keys}) AND ({LM_FILTERS[name]})
+  WHERE {DONE} AND ({where}) AND s.key IN ({keys}) AND ({LM_FILTERS[name]})
   GROUP BY ALL)
 SELECT coalesce(p.size, o.size) AS size, coalesce(p.model, o.model) AS model, coalesce(o.n_runs, 0) AS n_runs,
   {side},
@@ -48,7 +48,7 @@ FROM paper_{name} p FULL OUTER JOIN ours o ON p.size = o.size AND p.model = o.mo
 ORDER BY size, model"""
 
 
-def table2() -> str:
+def table2(where: str = "TRUE") -> str:
     cols = K.TABLE_COLUMNS["table2"]
     pivot = ",\n    ".join(f"max(best) FILTER (WHERE language = {lit(c.language)}) AS {c.paper}" for c in cols)
     side = ",\n  ".join(f"o.{c.paper} AS ours_{c.paper}, p.{c.paper} AS paper_{c.paper}" for c in cols)
@@ -58,7 +58,7 @@ def table2() -> str:
 WITH best AS (  -- the paper reports the best of 3 seeds: max over our seeds too
   SELECT t.model_label AS model, t.beta_range, t.language, max(s.value) AS best, count(DISTINCT t.trial_id) AS n
   FROM trials t JOIN summary s USING (trial_id)
-  WHERE {DONE} AND s.key = {lit(K.SCALED_ACC)} AND t.language IS NOT NULL
+  WHERE {DONE} AND ({where}) AND s.key = {lit(K.SCALED_ACC)} AND t.language IS NOT NULL
   GROUP BY ALL),
 ours AS (
   SELECT model, beta_range, sum(n)::BIGINT AS n_runs,
@@ -73,7 +73,7 @@ FROM paper_table2 p FULL OUTER JOIN ours o ON p.model = o.model AND p.beta_range
 ORDER BY beta_range DESC, model"""
 
 
-def fig5_runs() -> str:
+def fig5_runs(where: str = "TRUE") -> str:
     return f"""
 SELECT t.trial_id, t.group_name, t.model_label AS model, t.n_h, coalesce(t.num_layers, 1) AS num_layers,
   t.beta_range, t.train_len, t.seed,
@@ -81,18 +81,19 @@ SELECT t.trial_id, t.group_name, t.model_label AS model, t.n_h, coalesce(t.num_l
   max(s.value) FILTER (WHERE s.key = {lit(K.ACC_AT_TRAIN_LEN)}) AS acc_at_train_len,
   max(s.value) FILTER (WHERE s.key = {lit(K.TOKEN_ACC)}) AS token_acc
 FROM trials t LEFT JOIN summary s USING (trial_id)
-WHERE {DONE} AND t.group_name IS NOT NULL
+WHERE {DONE} AND ({where}) AND t.group_name IS NOT NULL
 GROUP BY ALL
 ORDER BY t.group_name, num_layers, t.n_h"""
 
 
-def fig5() -> str:
+def fig5(where: str = "TRUE") -> str:
     # "Fits the training range": prefix accuracy >= 0.9 at the training length (from acc_at_train_len, else from
     # max_len_acc90 >= train_len). The paper's rows: min n_h for one layer, min layers for n_h = 1 (beta [-1,1]).
-    return """
-WITH r AS (
+    return f"""
+WITH runs AS ({fig5_runs(where)}),
+r AS (
   SELECT *, coalesce(acc_at_train_len >= 0.9, max_len_acc90 >= coalesce(train_len, 128)) AS fits
-  FROM fig5_runs WHERE coalesce(beta_range, '[-1,1]') = '[-1,1]'),
+  FROM runs WHERE coalesce(beta_range, '[-1,1]') = '[-1,1]'),
 ours AS (
   SELECT group_name, count(*) AS n_runs,
     min(n_h) FILTER (WHERE num_layers = 1 AND fits) AS min_n_h_one_layer,
@@ -109,13 +110,13 @@ FROM paper_fig5 p FULL OUTER JOIN ours o ON p."group" = o.group_name
 ORDER BY group_name"""
 
 
-def fig4() -> str:
+def fig4(where: str = "TRUE") -> str:
     return f"""
 WITH r AS (
   SELECT t.model_label AS model, t.n_h, t.gated, t.matching, t.seq_len, t.batch_size,
     avg(s.value) AS tokens_per_s, count(DISTINCT t.trial_id) AS n_runs
   FROM trials t JOIN summary s USING (trial_id)
-  WHERE {DONE} AND s.key = {lit(K.TOKENS_PER_S)}
+  WHERE {DONE} AND ({where}) AND s.key = {lit(K.TOKENS_PER_S)}
   GROUP BY ALL)
 SELECT a.*, a.tokens_per_s / b.tokens_per_s AS ratio_to_n_h1
 FROM r a LEFT JOIN r b ON b.n_h = 1 AND b.gated IS NOT DISTINCT FROM a.gated
@@ -124,7 +125,7 @@ FROM r a LEFT JOIN r b ON b.n_h = 1 AND b.gated IS NOT DISTINCT FROM a.gated
 ORDER BY a.matching, a.seq_len, a.batch_size, a.gated, a.n_h"""
 
 
-def fig8() -> str:
+def fig8(where: str = "TRUE") -> str:
     # Training context: the trial's own (train_len), else the paper's 4096.
     return f"""
 WITH c AS (
@@ -132,7 +133,7 @@ WITH c AS (
     coalesce(nullif(regexp_extract(c.key, '^{K.CURVE_LOSS_AT_POS}/(.+)$', 1), ''), t.dataset) AS dataset,
     coalesce(t.train_len, 4096) AS train_ctx, c.x, c.y
   FROM trials t JOIN curves c USING (trial_id)
-  WHERE {DONE} AND (c.key = '{K.CURVE_LOSS_AT_POS}' OR c.key LIKE '{K.CURVE_LOSS_AT_POS}/%'))
+  WHERE {DONE} AND ({where}) AND (c.key = '{K.CURVE_LOSS_AT_POS}' OR c.key LIKE '{K.CURVE_LOSS_AT_POS}/%'))
 SELECT trial_id, model, n_h, gated, num_heads, dataset, train_ctx,
   avg(y) FILTER (WHERE x <= train_ctx) AS loss_in_ctx, avg(y) FILTER (WHERE x > train_ctx) AS loss_beyond_ctx,
   avg(y) FILTER (WHERE x > train_ctx) / avg(y) FILTER (WHERE x <= train_ctx) AS beyond_over_in,
@@ -140,7 +141,7 @@ SELECT trial_id, model, n_h, gated, num_heads, dataset, train_ctx,
 FROM c GROUP BY ALL ORDER BY dataset, n_h, model"""
 
 
-def fig9() -> str:
+def fig9(where: str = "TRUE") -> str:
     return f"""
 WITH c AS (
   SELECT t.trial_id, t.model_label AS model, t.n_h, t.gated,
@@ -148,7 +149,7 @@ WITH c AS (
     TRY_CAST(regexp_extract(c.key, '^{K.CURVE_ERANK}/l(\\d+)/h(\\d+)$', 2) AS INTEGER) AS head,
     coalesce(t.train_len, 4096) AS train_ctx, c.x, c.y
   FROM trials t JOIN curves c USING (trial_id)
-  WHERE {DONE} AND c.key LIKE '{K.CURVE_ERANK}/%')
+  WHERE {DONE} AND ({where}) AND c.key LIKE '{K.CURVE_ERANK}/%')
 SELECT trial_id, model, n_h, gated, layer, head, train_ctx,
   avg(y) FILTER (WHERE x <= train_ctx) AS erank_in_ctx, avg(y) FILTER (WHERE x > train_ctx) AS erank_beyond_ctx,
   avg(y) FILTER (WHERE x > train_ctx) / avg(y) FILTER (WHERE x <= train_ctx) AS beyond_over_in,
@@ -175,8 +176,14 @@ WHERE t.recipe = {lit(recipe)}
 GROUP BY ALL ORDER BY t.trial_id"""
 
 
+# name -> SQL generator taking an extra condition on `t` (trials); the stored views use "TRUE" (all recipes),
+# compare/report pass "t.recipe = '...'" to restrict to one recipe.
 PAPER_VIEWS = {
-    "table2": table2, "table3": lambda: lm_table("table3"), "table4": lambda: lm_table("table4"),
-    "table5": lambda: lm_table("table5"), "fig5_runs": fig5_runs, "fig5": fig5, "fig4": fig4, "fig8": fig8,
-    "fig9": fig9,
+    "table2": table2, "table3": lambda where="TRUE": lm_table("table3", where),
+    "table4": lambda where="TRUE": lm_table("table4", where), "table5": lambda where="TRUE": lm_table("table5", where),
+    "fig5_runs": fig5_runs, "fig5": fig5, "fig4": fig4, "fig8": fig8, "fig9": fig9,
 }
+
+
+def recipe_filter(recipe: str | None) -> str:
+    return "TRUE" if recipe is None else f"t.recipe = {lit(recipe)}"
