@@ -30,7 +30,8 @@ def grads(fn, inputs, **kw):
     q, k, v, beta, g, h0 = xs
     o, ht = fn(q, k, v, beta, g, initial_state=h0, output_final_state=True, **kw)
     gen = torch.Generator().manual_seed(1)
-    do, dht = torch.randn(o.shape, generator=gen, dtype=o.dtype), torch.randn(ht.shape, generator=gen, dtype=ht.dtype)
+    do = torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.dtype)
+    dht = torch.randn(ht.shape, generator=gen, dtype=torch.float64).to(ht.dtype)
     ((o * do).sum() + (ht * dht).sum()).backward()
     return [o, ht] + [x.grad if x is not None else None for x in xs]
 
