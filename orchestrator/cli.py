@@ -21,8 +21,8 @@ from .grid import get_dotted
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="dpx: declarative experiments for linear-RNN research.")
-out = Console()
-err = Console(stderr=True)
+out = Console(width=None if sys.stdout.isatty() else 200)  # pipes and CI get wide, untruncated tables
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 400)
 
 WS_OPT = typer.Option(None, "--workspace", "-w", help="workspace folder (default .dpx or $DPX_WORKSPACE)")
 

@@ -1,7 +1,9 @@
 """Trial identity: a short stable hash of the resolved config.
 
-Hashed: recipe version, seed and the validated `model`, `task`, `train`, `eval` sections (defaults filled in, so
-writing a default explicitly does not change the id). Not hashed: `hardware`, `tracking`, the recipe's name and
+Hashed: recipe version, seed and the validated `model`, `task`, `train`, `eval` sections, each reduced to the
+values that differ from its config class's defaults (writing a default explicitly does not change the id, and
+adding a new config field with a default keeps every existing id; changing a default that changes results must
+come with a recipe `version` bump). Not hashed: `hardware`, `tracking`, the recipe's name and
 description, scale names (they cannot change a result). The recipe name is NOT part of the id, but the run dir and
 state are per recipe, so two recipes sharing a point each run it once.
 

@@ -143,7 +143,7 @@ class _SectionValidator:
                     if point:
                         e = RecipeError(f"{e.reason} (grid point {_fmt_point(point)})", e.file, e.key)
                     raise e from None
-                hit = (value, canonical_json(value))
+                hit = (value, canonical_json(_non_default(s, value, task_name)))
                 self.cache[key] = hit
             out[s], sjson[s] = hit
         return out, sjson
@@ -160,6 +160,44 @@ class _SectionValidator:
         from dpx.tasks.training.config import EvalConfig, TrainConfig
 
         return _validate_dc(TrainConfig if section == "train" else EvalConfig, value, self.file, section)
+
+
+def _non_default(section: str, value: Any, task_name: str | None) -> Any:
+    """The part of a validated section that differs from its class defaults: what the trial id hashes, so that
+    adding a config field with a default (a new feature) keeps every existing trial id."""
+    if not isinstance(value, dict):
+        return value
+    if section == "task":
+        from dpx.tasks import TASKS
+
+        cls = TASKS[task_name].config_cls()
+    elif section == "model":
+        cls = _model_cls()
+    else:
+        from dpx.tasks.training.config import EvalConfig, TrainConfig
+
+        cls = TrainConfig if section == "train" else EvalConfig
+    defaults = _defaults(cls)
+    return {k: v for k, v in value.items() if k not in defaults or _norm(defaults[k]) != _norm(v) or k == "name"}
+
+
+@lru_cache(maxsize=None)
+def _defaults_cached(cls: type) -> tuple:
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+            out[f.name] = f.default_factory()  # type: ignore[misc]
+    return tuple(out.items())
+
+
+def _defaults(cls: type) -> dict:
+    return dict(_defaults_cached(cls)) if dataclasses.is_dataclass(cls) else {}
+
+
+def _norm(v: Any) -> str:
+    return canonical_json(dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v)
 
 
 def _fmt_point(point: dict) -> str:

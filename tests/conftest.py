@@ -1,0 +1,41 @@
+"""Shared fixtures. Environment for every test: Ray without token auth, MLflow without telemetry."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def run_dpx(*args: str, ws: Path | None = None, cwd: Path | None = None, timeout: float = 300,
+            env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run the real CLI in a subprocess (as a user would), returning the completed process."""
+    e = {**os.environ, **(env or {})}
+    if ws is not None:
+        e["DPX_WORKSPACE"] = str(ws)
+    return subprocess.run([sys.executable, "-m", "dpx.orchestrator.cli", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=timeout, env=e)
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    return tmp_path / "ws"
+
+
+@pytest.fixture
+def dpx():
+    return run_dpx
+
+
+def write_recipe(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
