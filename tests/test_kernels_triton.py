@@ -1,0 +1,106 @@
+"""Triton DeltaProduct kernels (chunk forward + backward, recurrent decode) under TRITON_INTERPRET=1 on the CPU,
+against the float64 token loop: outputs, final states and all gradients.
+
+Every torch.empty* inside the kernels' host code is poisoned with NaN, so an element a kernel fails to write
+shows up as NaN, and NaN never passes a comparison. The interpreter runs each program in numpy; shapes are tiny.
+On a CUDA machine (DPX_TEST_CUDA=1 without TRITON_INTERPRET) the same tests run on the real compiler.
+"""
+import os
+
+if not os.environ.get("DPX_TEST_CUDA"):
+    os.environ["TRITON_INTERPRET"] = "1"  # must precede the first import of triton
+
+import pytest
+import torch
+
+from test_kernels_reference import NAMES, grads, make_inputs
+from dpx.kernels import chunk_gated_delta_product, fused_recurrent_gated_delta_product, gated_delta_product
+from dpx.kernels.delta_product.naive import naive_recurrent_gated_delta_product as naive
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # masked exp overflow in numpy
+DEVICE = "cuda" if os.environ.get("DPX_TEST_CUDA") else "cpu"
+TOL = {torch.float32: 2e-5, torch.float16: 5e-3, torch.bfloat16: 2e-2}  # relative RMS error
+
+
+@pytest.fixture(autouse=True)
+def poison_empty(monkeypatch):
+    def nan_fill(t):
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+    e, el, ne = torch.empty, torch.empty_like, torch.Tensor.new_empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: nan_fill(e(*a, **k)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: nan_fill(el(*a, **k)))
+    monkeypatch.setattr(torch.Tensor, "new_empty", lambda self, *a, **k: nan_fill(ne(self, *a, **k)))
+
+
+def check(name, ref, out, tol):
+    assert out is not None, name
+    out = out.double().cpu()
+    assert torch.isfinite(out).all(), f"{name}: non-finite values"
+    err = (out - ref).norm() / ref.norm().clamp_min(1e-12)
+    assert err < tol, f"{name}: relative error {err:.2e} > {tol:.0e}"
+
+
+def triton_chunk(q, k, v, beta, g, **kw):
+    # fla argument order: (q, k, v, g, beta, num_householder, ...)
+    return chunk_gated_delta_product(q, k, v, g, beta, **kw)
+
+
+def run_case(B, T, H, K, V, n, gate, dtype, cu=None, l2=False, scale=0.7):
+    N = None if cu is None else len(cu) - 1
+    inputs = make_inputs(B, T, H, K, V, n, gate, N=N)
+    kw = dict(num_householder=n, scale=scale, use_qk_l2norm_in_kernel=l2)
+    ref = grads(naive, inputs, cu_seqlens=cu, **kw)
+    lo = [None if x is None else x.to(dtype if i < 3 else torch.float32).to(DEVICE) for i, x in enumerate(inputs)]
+    out = grads(triton_chunk, lo, cu_seqlens=None if cu is None else cu.to(DEVICE), **kw)
+    assert out[0].dtype == dtype and out[1].dtype == torch.float32
+    for name, a, b in zip(NAMES, ref, out):
+        if a is None:
+            assert b is None, name
+            continue
+        check(name, a, b, TOL[dtype] * (4 if name == "dg" else 1))
+
+
+@pytest.mark.parametrize("n,gate,T", [(1, None, 70), (1, "mixed", 33), (2, "rand", 37), (2, None, 45),
+                                      (3, "mixed", 23), (3, "zero", 17), (4, "rand", 19), (4, None, 9)])
+def test_chunk_matches_naive_fp32(n, gate, T):
+    run_case(2, T, 2, 16, 16, n, gate, torch.float32)
+
+
+def test_chunk_odd_head_dims_l2norm():
+    run_case(1, 21, 1, 20, 12, 2, "rand", torch.float32, l2=True)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_chunk_varlen_with_length_one_segment(n):
+    run_case(1, 31, 2, 16, 16, n, "mixed", torch.float32, cu=torch.tensor([0, 1, 18, 18, 31]))
+
+
+def test_chunk_fp16():
+    run_case(1, 40, 2, 32, 32, 2, "rand", torch.float16)
+
+
+def test_chunk_many_householders():
+    run_case(1, 11, 1, 16, 16, 8, "rand", torch.float32)
+
+
+@pytest.mark.parametrize("n,gate,l2,cu", [(1, "rand", False, None), (2, "mixed", True, None),
+                                          (3, None, False, torch.tensor([0, 1, 5, 5])), (4, "zero", True, None)])
+def test_fused_recurrent_matches_naive(n, gate, l2, cu):
+    B, N = (1, 3) if cu is not None else (2, None)
+    q, k, v, beta, g, h0 = make_inputs(B, 5, 2, 16, 24, n, gate, N=N)
+    o_ref, h_ref = naive(q, k, v, beta, g, n, initial_state=h0, output_final_state=True,
+                         use_qk_l2norm_in_kernel=l2, cu_seqlens=cu)
+    f = lambda x: None if x is None else x.float().to(DEVICE)
+    o, h = fused_recurrent_gated_delta_product(
+        f(q), f(k), f(v), f(g), f(beta), n, initial_state=f(h0), output_final_state=True,
+        use_qk_l2norm_in_kernel=l2, cu_seqlens=None if cu is None else cu.to(DEVICE))
+    check("o", o_ref, o, 1e-5)
+    check("ht", h_ref, h, 1e-5)
+
+
+def test_dispatch_triton_equals_torch():
+    q, k, v, beta, g, h0 = [x.float().to(DEVICE) for x in make_inputs(1, 9, 1, 16, 16, 2, "rand")]
+    a = gated_delta_product(q, k, v, beta, g, 2, initial_state=h0, output_final_state=True, impl="triton")
+    b = gated_delta_product(q, k, v, beta, g, 2, initial_state=h0, output_final_state=True, impl="torch")
+    for x, y in zip(a, b):
+        check("dispatch", y.double().cpu(), x, 1e-5)
