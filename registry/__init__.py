@@ -10,6 +10,8 @@ Module names differ from the function names so that `dpx.registry.compare` is al
 """
 from __future__ import annotations
 
+from importlib import import_module
+
 from .build import ingest
 from .comparison import Comparison, compare
 from .db import query
@@ -19,13 +21,9 @@ from .reference import KNOWN as KNOWN_NAMES
 def __getattr__(name: str):
     # matplotlib loads only when a report or plot is asked for: `import dpx.registry` stays cheap for the CLI.
     if name in ("report", "NothingToReport"):
-        from . import html
-
-        return getattr(html, name)
+        return getattr(import_module(".html", __name__), name)
     if name == "plots":
-        from . import plots
-
-        return plots
+        return import_module(".plots", __name__)
     raise AttributeError(f"module 'dpx.registry' has no attribute {name!r}")
 
 

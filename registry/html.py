@@ -1,0 +1,156 @@
+"""`report(db_path, recipe, out_html)`: one self-contained HTML file for a recipe (no external files or scripts).
+
+Sections: trial counts; ours-beside-paper tables for every paper table/figure the recipe's trials feed; the plots
+(PNG, base64-embedded); the trials with their summary metrics; failed trials with their error line; ingest
+warnings (damaged run dirs); the figures the tasks saved in the run dirs.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from . import plots, views
+from .comparison import Comparison, compare, fmt
+from .db import connect
+
+ORDER = ("table2", "table3", "table4", "table5", "fig5", "fig4", "fig8", "fig9")
+MAX_TRIAL_FIGURES = 40
+MAX_FIGURE_BYTES = 3_000_000
+
+CSS = """
+body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1500px}
+h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #ccc}
+table{border-collapse:collapse;font-size:12px;margin:8px 0}
+th,td{border:1px solid #ccc;padding:3px 6px;text-align:right}th{background:#f0f0f0}
+td.text{text-align:left}tr.norun td{color:#999}tr.oursonly td{background:#fff8e0}
+.neg{color:#b00}.pos{color:#070}.notes{font-size:12px;color:#444}
+img.plot{max-width:100%;border:1px solid #ddd;margin:6px 0}
+figure{display:inline-block;margin:6px;vertical-align:top}figcaption{font-size:11px;color:#555}
+.err{font-family:monospace;font-size:12px;color:#900}
+"""
+
+
+class NothingToReport(ValueError):
+    """The recipe has no finished trial in the database (message says what there is)."""
+
+
+def _img(path: Path, cls: str, ident: str, alt: str) -> str:
+    data = base64.b64encode(Path(path).read_bytes()).decode()
+    return f'<img class="{cls}" id="{html.escape(ident)}" alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+
+
+def _table(cmp: Comparison, ident: str) -> str:
+    e = html.escape
+    head = "".join(f"<th>{e(c)}</th>" for c in cmp.columns)
+    body = []
+    for raw, txt in zip(cmp.rows, cmp.text_rows()):
+        status = raw[cmp.status_column] if cmp.status_column is not None else ""
+        cls = {"no run yet": "norun"}.get(status, "oursonly" if str(status).startswith("ours only") else "")
+        cells = []
+        for col, v, t in zip(cmp.columns, raw, txt):
+            c = "text" if isinstance(v, str) or v is None else ""
+            if col.endswith(" delta") and isinstance(v, float):
+                c += " neg" if v < 0 else " pos"
+            cells.append(f'<td class="{c.strip()}">{e(t)}</td>')
+        body.append(f'<tr class="{cls}">{"".join(cells)}</tr>')
+    notes = "".join(f"<li>{e(n)}</li>" for n in cmp.notes)
+    return (f'<h3>{e(cmp.title)}</h3><table class="comparison" id="{e(ident)}"><thead><tr>{head}</tr></thead>'
+            f'<tbody>{"".join(body)}</tbody></table><ul class="notes">{notes}</ul>')
+
+
+def _plain_table(cols: list[str], rows: list[tuple], ident: str) -> str:
+    e = html.escape
+    head = "".join(f"<th>{e(c)}</th>" for c in cols)
+    body = "".join("<tr>" + "".join(f'<td class="{"text" if isinstance(v, str) or v is None else ""}">'
+                                    f"{e(fmt(v))}</td>" for v in r) + "</tr>" for r in rows)
+    return f'<table id="{e(ident)}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _fetch(con, sql: str, params: list) -> tuple[list[str], list[tuple]]:
+    cur = con.execute(sql, params)
+    return [d[0] for d in cur.description], cur.fetchall()
+
+
+def report(db_path: str | os.PathLike, recipe: str, out_html: str | os.PathLike) -> Path:
+    e = html.escape
+    con = connect(db_path)
+    try:
+        _, counts = _fetch(con, "SELECT status, count(*) FROM trials WHERE recipe = ? GROUP BY ALL ORDER BY 1",
+                           [recipe])
+        counts = dict(counts)
+        if not counts:
+            _, known = _fetch(con, "SELECT DISTINCT recipe FROM trials ORDER BY 1", [])
+            raise NothingToReport(f"recipe {recipe!r} has no trials in {db_path}; recipes there: "
+                                  f"{', '.join(str(k[0]) for k in known) or 'none'}")
+        if not counts.get("completed"):
+            what = ", ".join(f"{n} {s}" for s, n in counts.items())
+            raise NothingToReport(f"recipe {recipe!r} has no finished trials yet ({what}); nothing to report")
+        view = views.ident(views.view_name_for_recipe(recipe))
+        tcols, trows = _fetch(con, f"SELECT * FROM {view}", [])
+        drop = {"size_label", "language", "dataset", "group_name", "host", "error", "beta_range"}
+        keep = [i for i, c in enumerate(tcols) if "__" not in c and not (c in drop and all(r[i] is None for r in trows))]
+        tcols, trows = [tcols[i] for i in keep], [tuple(r[i] for i in keep) for r in trows]
+        fcols, frows = _fetch(con, "SELECT trial_id, attempts, error, run_dir FROM trials WHERE recipe = ? AND "
+                                   "status = 'failed' ORDER BY trial_id", [recipe])
+        _, warns = _fetch(con, "SELECT w.trial_id, w.message FROM ingest_warnings w JOIN trials t USING (trial_id) "
+                               "WHERE t.recipe = ? ORDER BY 1", [recipe])
+        _, figs = _fetch(con, "SELECT f.trial_id, f.name, f.path, f.bytes, t.model_label FROM figures f "
+                              "JOIN trials t USING (trial_id) WHERE t.recipe = ? AND t.status = 'completed' "
+                              "ORDER BY f.trial_id, f.name", [recipe])
+        _, built = _fetch(con, "SELECT value FROM meta WHERE key = 'built_at'", [])
+    finally:
+        con.close()
+
+    parts = [f"<h1>dpx report: {e(recipe)}</h1>",
+             '<p id="counts">' + ", ".join(f"{n} {e(str(s))}" for s, n in counts.items())
+             + f" &middot; database built {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(float(built[0][0])))}"
+             + "</p>"]
+
+    parts.append("<h2>Ours beside the paper</h2>")
+    shown = 0
+    for name in ORDER:
+        cmp = compare(db_path, name, recipe)
+        runs = cmp.columns.index("runs") if "runs" in cmp.columns else None
+        has = any(r[runs] for r in cmp.rows) if runs is not None else bool(cmp.rows)
+        if has:
+            parts.append(_table(cmp, f"cmp-{name}"))
+            shown += 1
+    if not shown:
+        parts.append("<p>No trial of this recipe logged a metric that a paper table uses "
+                     "(see registry/keys.py for the expected keys).</p>")
+
+    parts.append("<h2>Plots</h2>")
+    with tempfile.TemporaryDirectory() as tmp:
+        pngs = [p for p in plots.write_plots(db_path, tmp, recipe) if not p.name.endswith("_table.png")]
+        for p in pngs:
+            parts.append(_img(p, "plot", f"plot-{p.stem}", p.stem))
+        if not pngs:
+            parts.append("<p>No curves or throughput numbers to plot for this recipe.</p>")
+
+    parts.append("<h2>Trials</h2>" + _plain_table(tcols, trows, "trials"))
+    if frows:
+        parts.append("<h2>Failed trials</h2>" + _plain_table(fcols, frows, "failed"))
+    if warns:
+        parts.append('<h2>Ingest warnings</h2><ul class="err" id="warnings">'
+                     + "".join(f"<li>{e(t)}: {e(m)}</li>" for t, m in warns) + "</ul>")
+    shown_figs = []
+    for tid, name, path, size, label in figs[:MAX_TRIAL_FIGURES]:
+        if size <= MAX_FIGURE_BYTES and Path(path).is_file():
+            shown_figs.append(f"<figure>{_img(Path(path), 'trialfig', f'trialfig-{tid}-{name}', name)}"
+                              f"<figcaption>{e(tid)} ({e(str(label))}): {e(name)}</figcaption></figure>")
+    if shown_figs:
+        more = f"<p>{len(figs) - MAX_TRIAL_FIGURES} more not shown.</p>" if len(figs) > MAX_TRIAL_FIGURES else ""
+        parts.append("<h2>Figures from the run dirs</h2>" + "".join(shown_figs) + more)
+
+    doc = (f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>dpx report: {e(recipe)}</title>'
+           f"<style>{CSS}</style></head><body>{''.join(parts)}</body></html>")
+    out = Path(out_html)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp_out = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    tmp_out.write_text(doc, encoding="utf-8")
+    os.replace(tmp_out, out)
+    return out

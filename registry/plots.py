@@ -1,0 +1,239 @@
+"""Matplotlib figures in the paper's layout, drawn from the results database (Agg backend, no display).
+
+    fig5: prefix accuracy vs position, one panel per group, one line per (n_h, layers); dashed line = train length
+    fig8: per-position loss vs position with the paper's 501-token moving average (clipped for short curves)
+    fig9: effective rank per head along the sequence, one panel per model (deepest logged layer)
+    fig4: training tokens/s bars per (seq len x batch), one bar per n_h, one panel per matching mode
+    table2/table3/...: the comparison rendered as a table image (for MLflow; the HTML report uses HTML tables)
+
+`write_plots(db_path, out_dir, recipe=None)` writes every figure that has data and returns the paths; the
+orchestrator logs them to MLflow on the submission's parent run.
+"""
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from . import keys as K  # noqa: E402
+from . import views  # noqa: E402
+from .comparison import Comparison, compare  # noqa: E402
+from .db import connect  # noqa: E402
+
+DPI = 100
+
+
+def _rows(db_path, sql: str, params: list | None = None) -> list[dict]:
+    con = connect(db_path)
+    try:
+        cur = con.execute(sql, params or [])
+        cols = [d[0] for d in cur.description]
+        return [dict(zip(cols, r)) for r in cur.fetchall()]
+    finally:
+        con.close()
+
+
+def moving_average(y: np.ndarray, window: int) -> np.ndarray:
+    """Trailing mean over the last `window` points (shorter at the start), NaN-aware: the paper smooths Fig. 8's
+    per-position loss this way with window 501."""
+    y = np.asarray(y, dtype=np.float64)
+    ok = ~np.isnan(y)
+    cs = np.concatenate([[0.0], np.cumsum(np.where(ok, y, 0.0))])
+    cn = np.concatenate([[0], np.cumsum(ok)])
+    idx = np.arange(1, len(y) + 1)
+    lo = np.maximum(idx - window, 0)
+    n = cn[idx] - cn[lo]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(n > 0, (cs[idx] - cs[lo]) / np.maximum(n, 1), np.nan)
+
+
+def _curves(db_path, pattern: str, where: str) -> list[dict]:
+    return _rows(db_path, f"""
+        SELECT t.trial_id, t.model_label, t.n_h, coalesce(t.num_layers, 1) AS num_layers, t.beta_range, t.gated,
+               t.group_name, t.train_len, t.dataset, c.key, list(c.x ORDER BY c.x) AS xs, list(c.y ORDER BY c.x) AS ys
+        FROM trials t JOIN curves c USING (trial_id)
+        WHERE t.status = 'completed' AND ({where}) AND regexp_matches(c.key, ?)
+        GROUP BY ALL ORDER BY t.trial_id, c.key""", [pattern])
+
+
+def _mean_curve(items: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+    """Mean over seeds on the union of x (NaN where a seed has no point)."""
+    xs = np.unique(np.concatenate([np.asarray(i["xs"], float) for i in items]))
+    stack = []
+    for i in items:
+        m = dict(zip(i["xs"], i["ys"]))
+        stack.append([np.nan if m.get(x) is None else m[x] for x in xs])
+    with np.errstate(invalid="ignore"):
+        return xs, np.nanmean(np.asarray(stack, float), axis=0) if len(stack) > 1 else np.asarray(stack[0], float)
+
+
+def fig5(db_path, out: Path, recipe: str | None = None) -> Path | None:
+    data = _curves(db_path, f"^{K.CURVE_ACC_AT_POS}$", views.recipe_filter(recipe))
+    data = [d for d in data if d["group_name"]]
+    if not data:
+        return None
+    groups = sorted({d["group_name"] for d in data}, key=lambda g: ("S3", "S4", "A5", "S5").index(g)
+                    if g in ("S3", "S4", "A5", "S5") else 9)
+    fig, axes = plt.subplots(1, len(groups), figsize=(4 * len(groups), 3.4), squeeze=False, sharey=True)
+    for ax, g in zip(axes[0], groups):
+        lines = defaultdict(list)
+        for d in data:
+            if d["group_name"] == g:
+                lines[(d["num_layers"], d["n_h"] or 1, d["beta_range"] or "")].append(d)
+        for (layers, n_h, br), items in sorted(lines.items()):
+            x, y = _mean_curve(items)
+            ax.plot(x, y, label=f"{layers}L n_h={n_h} {br}".strip(), lw=1.4)
+        tl = next((d["train_len"] for d in data if d["group_name"] == g and d["train_len"]), None)
+        if tl:
+            ax.axvline(tl, ls="--", c="grey", lw=1)
+        ax.set_title(g)
+        ax.set_xlabel("position")
+        ax.set_ylim(-0.02, 1.02)
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("prefix accuracy")
+    fig.suptitle("Fig. 5: accuracy vs position (dashed: training length)")
+    return _save(fig, out)
+
+
+def fig8(db_path, out: Path, recipe: str | None = None) -> Path | None:
+    data = _curves(db_path, f"^{K.CURVE_LOSS_AT_POS}(/.+)?$", views.recipe_filter(recipe))
+    if not data:
+        return None
+    for d in data:
+        d["ds"] = d["key"].split("/", 1)[1] if "/" in d["key"] else (d["dataset"] or "")
+    sets = sorted({d["ds"] for d in data})
+    fig, axes = plt.subplots(1, len(sets), figsize=(4.5 * len(sets), 3.4), squeeze=False)
+    for ax, ds in zip(axes[0], sets):
+        lines = defaultdict(list)
+        for d in data:
+            if d["ds"] == ds:
+                lines[d["model_label"]].append(d)
+        win_used = 1
+        for label, items in sorted(lines.items()):
+            x, y = _mean_curve(items)
+            # the paper's 501-token window; a short (CPU-scale) curve gets at most a tenth of its length
+            win_used = max(1, min(K.FIG8_MOVING_AVERAGE, len(y) // 10))
+            ax.plot(x, moving_average(y, win_used), label=label, lw=1.4)
+        tl = next((d["train_len"] for d in data if d["ds"] == ds and d["train_len"]), None)
+        if tl:
+            ax.axvline(tl, ls=":", c="grey", lw=1)
+        ax.set_title(f"{ds or 'loss'} (moving avg {win_used})")
+        ax.set_xlabel("position")
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("next-token loss")
+    fig.suptitle("Fig. 8: loss vs position (dotted: training context)")
+    return _save(fig, out)
+
+
+def fig9(db_path, out: Path, recipe: str | None = None) -> Path | None:
+    data = _curves(db_path, f"^{K.CURVE_ERANK}/l[0-9]+/h[0-9]+$", views.recipe_filter(recipe))
+    if not data:
+        return None
+    for d in data:
+        _, l, h = d["key"].split("/")
+        d["layer"], d["head"] = int(l[1:]), int(h[1:])
+    models = sorted({d["model_label"] for d in data})
+    fig, axes = plt.subplots(1, len(models), figsize=(4 * len(models), 3.4), squeeze=False, sharey=True)
+    for ax, m in zip(axes[0], models):
+        mine = [d for d in data if d["model_label"] == m]
+        layer = max(d["layer"] for d in mine)  # the paper shows a deep layer (20 of 24)
+        heads = defaultdict(list)
+        for d in mine:
+            if d["layer"] == layer:
+                heads[d["head"]].append(d)
+        for h, items in sorted(heads.items()):
+            x, y = _mean_curve(items)
+            ax.plot(x, y, label=f"head {h}", lw=1.2)
+        tl = next((d["train_len"] for d in mine if d["train_len"]), None)
+        if tl:
+            ax.axvline(tl, ls="--", c="grey", lw=1)
+        ax.set_title(f"{m}, layer {layer}")
+        ax.set_xlabel("position")
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("effective rank")
+    fig.suptitle("Fig. 9: effective rank of the state per head")
+    return _save(fig, out)
+
+
+def fig4(db_path, out: Path, recipe: str | None = None) -> Path | None:
+    con = connect(db_path)
+    try:
+        cur = con.execute(views.fig4(views.recipe_filter(recipe)))
+        cols = [d[0] for d in cur.description]
+        data = [dict(zip(cols, r)) for r in cur.fetchall()]
+    finally:
+        con.close()
+    if not data:
+        return None
+    modes = sorted({str(d["matching"]) for d in data})
+    fig, axes = plt.subplots(len(modes), 1, figsize=(7, 3 * len(modes)), squeeze=False)
+    for ax, mode in zip(axes[:, 0], modes):
+        mine = [d for d in data if str(d["matching"]) == mode]
+        shapes = sorted({(d["seq_len"] or 0, d["batch_size"] or 0) for d in mine})
+        variants = sorted({(bool(d["gated"]), d["n_h"] or 1) for d in mine})
+        w = 0.8 / max(len(variants), 1)
+        for i, (g, n_h) in enumerate(variants):
+            ys = [next((d["tokens_per_s"] for d in mine if (d["seq_len"] or 0, d["batch_size"] or 0) == s
+                        and bool(d["gated"]) == g and (d["n_h"] or 1) == n_h), 0.0) for s in shapes]
+            ax.bar(np.arange(len(shapes)) + i * w, ys, w, label=f"{'gated ' if g else ''}n_h={n_h}")
+        ax.set_xticks(np.arange(len(shapes)) + w * (len(variants) - 1) / 2)
+        ax.set_xticklabels([f"{s}x{b}" for s, b in shapes])
+        ax.set_title(f"matched by: {mode}")
+        ax.set_ylabel("tokens/s")
+        ax.legend(fontsize=7)
+    axes[-1][0].set_xlabel("sequence length x batch size")
+    fig.suptitle("Fig. 4: training throughput")
+    return _save(fig, out)
+
+
+def table_png(cmp: Comparison, out: Path) -> Path | None:
+    if not cmp.rows:
+        return None
+    keep = [i for i, c in enumerate(cmp.columns) if c != "source"]
+    cells = [[r[i] for i in keep] for r in cmp.text_rows()]
+    fig, ax = plt.subplots(figsize=(min(2 + 1.1 * len(keep), 30), 0.6 + 0.3 * len(cells)))
+    ax.axis("off")
+    t = ax.table(cellText=cells, colLabels=[cmp.columns[i] for i in keep], loc="center", cellLoc="center")
+    t.auto_set_font_size(False)
+    t.set_fontsize(7)
+    t.auto_set_column_width(list(range(len(keep))))
+    ax.set_title(cmp.title, fontsize=9)
+    return _save(fig, out)
+
+
+def _save(fig, out: Path) -> Path:
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(out, dpi=DPI, bbox_inches="tight")
+    plt.close(fig)
+    return out
+
+
+FIGURES = {"fig5": fig5, "fig8": fig8, "fig9": fig9, "fig4": fig4}
+
+
+def write_plots(db_path: str | os.PathLike, out_dir: str | os.PathLike, recipe: str | None = None,
+                tables: tuple[str, ...] = ("table2", "table3", "table4", "fig5")) -> list[Path]:
+    """Write fig4/5/8/9.png and <table>_table.png (only those with our data) into out_dir; return the paths."""
+    out_dir = Path(out_dir)
+    paths = []
+    for name, fn in FIGURES.items():
+        p = fn(db_path, out_dir / f"{name}.png", recipe)
+        if p:
+            paths.append(p)
+    for name in tables:
+        cmp = compare(db_path, name, recipe)
+        if "runs" in cmp.columns:  # only rows where we have a run (the paper-only rows are in the HTML report)
+            i = cmp.columns.index("runs")
+            cmp.rows = [r for r in cmp.rows if r[i]]
+        p = table_png(cmp, out_dir / f"{name}_table.png")
+        if p:
+            paths.append(p)
+    return paths

@@ -1,0 +1,168 @@
+"""Ingest: schema, exact round trip of what tasks wrote, idempotency, damaged run dirs, readers during rebuilds."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from dpx.registry import ingest, query
+from test_registry_fixtures import dp, make_trial
+
+
+def _snapshot(root: Path) -> dict:
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns, p.read_bytes()) for p in root.rglob("*") if p.is_file()}
+
+
+def _dump(db: Path) -> dict:
+    out = {}
+    for t in ("trials", "metrics", "curves", "summary", "figures", "paper", "ingest_warnings"):
+        cols, rows = query(db, f"SELECT * FROM {t}")
+        out[t] = (cols, sorted(rows, key=repr))
+    return out
+
+
+def test_schema_flattened_config_and_timings(tmp_path):
+    a = make_trial(tmp_path, "table3", "a", dp(3, layers=2, size="805M"), {"name": "lm", "seq_len": 64},
+                   summary={"wikitext_ppl": 20.5})
+    b = make_trial(tmp_path, "table3", "b", {"family": "transformer", "num_layers": 2}, {"name": "lm"},
+                   train={"lr": 3e-4, "betas": [0.9, 0.95], "schedule": "cosine"})
+    db = tmp_path / "r.duckdb"
+    stats = ingest(db, [a, b])
+    assert stats["trials"] == 2 and stats["summary"] == 1 and not stats["warnings"]
+    types = dict(query(db, "SELECT column_name, data_type FROM information_schema.columns "
+                           "WHERE table_name = 'trials'")[1])
+    assert types["model__num_householder"] == "BIGINT" and types["model__allow_neg_eigval"] == "BOOLEAN"
+    assert types["train__lr"] == "DOUBLE" and types["train__betas"] == "VARCHAR" and types["config"] == "JSON"
+    cols, rows = query(db, "SELECT trial_id, model__num_householder, train__lr, train__betas, train__schedule, "
+                           "model_label, size_label, matching, n_h, config, submitted_at, duration_s, host, device, "
+                           "mlflow_run_id FROM trials ORDER BY trial_id")
+    ra, rb = (dict(zip(cols, r)) for r in rows)
+    assert (ra["model__num_householder"], ra["train__lr"], json.loads(ra["train__betas"])) == (3, 1e-3, [0.9, 0.95])
+    assert rb["model__num_householder"] is None and rb["train__schedule"] == "cosine"
+    assert (ra["model_label"], ra["size_label"], ra["matching"], ra["n_h"]) == ("DeltaProduct_3", "805M", "head_dim", 3)
+    assert rb["model_label"] == "transformer"
+    assert json.loads(ra["config"]) == a["config"]
+    want = dt.datetime.fromtimestamp(a["submitted_at"], dt.timezone.utc).replace(tzinfo=None)
+    assert abs((ra["submitted_at"] - want).total_seconds()) < 1e-3
+    assert ra["duration_s"] == pytest.approx(a["ended_at"] - a["started_at"])
+    assert (ra["host"], ra["device"], ra["mlflow_run_id"]) == ("testhost", "cpu", "run-a")
+    for view in ("table2", "table3", "table4", "table5", "fig4", "fig5", "fig8", "fig9", "recipe_table3"):
+        query(db, f"SELECT * FROM {view}")  # every view binds
+
+
+def test_metrics_curves_summary_round_trip_with_nan(tmp_path):
+    rng = random.Random(7)
+    scalars = {s: {"loss": rng.random() * 3, "lr": rng.random()} for s in range(50)}
+    scalars[13]["loss"] = float("nan")  # a diverged value: null in metrics.jsonl, NULL in DuckDB
+    xs = list(range(1, 301))
+    ys = [rng.random() for _ in xs]
+    ys[5] = float("nan")
+    summary = {"max_len_acc90": 17, "token_acc": rng.random(), "nested": {"a": 1.25}, "label": "x"}
+    t = make_trial(tmp_path, "fig5", "t", dp(2), {"name": "word_problem", "group": "S3"}, summary=summary,
+                   scalars=scalars, curves={"acc_at_pos": (xs, ys)})
+    db = tmp_path / "r.duckdb"
+    ingest(db, [t])
+    _, rows = query(db, "SELECT step, key, value, kind FROM metrics ORDER BY step, key")
+    want = sorted((s, k, None if math.isnan(v) else v, "scalar") for s, m in scalars.items() for k, v in m.items())
+    assert rows == want
+    _, rows = query(db, "SELECT x, y FROM curves WHERE key = 'acc_at_pos' ORDER BY x")
+    assert rows == [(float(x), None if math.isnan(y) else y) for x, y in zip(xs, ys)]
+    got = dict(query(db, "SELECT key, value FROM summary")[1])
+    assert got == {"max_len_acc90": 17.0, "token_acc": summary["token_acc"], "nested/a": 1.25, "label": None}
+    assert json.loads(query(db, "SELECT value_json FROM summary WHERE key = 'label'")[1][0][0]) == "x"
+
+
+def test_ingest_twice_is_identical_and_duplicates_collapse(tmp_path):
+    trials = [make_trial(tmp_path, "fig5", f"t{i}", dp(i + 1), {"name": "word_problem", "group": "S3"},
+                         summary={"max_len_acc90": 10 * i}, scalars={0: {"loss": 1.0}, 1: {"loss": 0.5}},
+                         curves={"acc_at_pos": ([1, 2, 3], [1.0, 0.5, 0.1])}, figure=True) for i in range(3)]
+    db = tmp_path / "r.duckdb"
+    s1 = ingest(db, trials)
+    first = _dump(db)
+    s2 = ingest(db, trials + [trials[0]])  # the same trial listed twice
+    assert _dump(db) == first
+    assert (s1["trials"], s1["metrics"], s1["curves"], s1["figures"]) == (3, 6, 9, 3)
+    assert s2["trials"] == 3 and any("listed twice" in w for w in s2["warnings"])
+    assert query(db, "SELECT count(*), count(DISTINCT trial_id) FROM trials")[1] == [(3, 3)]
+
+
+def test_damaged_run_dirs_keep_good_parts_and_delete_nothing(tmp_path):
+    ok = make_trial(tmp_path, "r", "ok", dp(1), summary={"score": 1.0}, scalars={0: {"loss": 1.0}})
+    trunc = make_trial(tmp_path, "r", "trunc", dp(2), summary={"score": 2.0}, scalars={0: {"loss": 1.0},
+                                                                                       1: {"loss": 0.5}})
+    with open(Path(trunc["run_dir"]) / "metrics.jsonl", "a") as f:
+        f.write('{"key": "loss", "value": 0.2')  # a worker killed mid-line
+    nores = make_trial(tmp_path, "r", "nores", dp(3), summary={"score": 3.0}, scalars={0: {"loss": 2.0}})
+    os.rename(Path(nores["run_dir"]) / "result.json", Path(nores["run_dir"]) / "result.json.bak")
+    garbled = make_trial(tmp_path, "r", "garbled", dp(4), summary={"score": 4.0})
+    (Path(garbled["run_dir"]) / "result.json").write_text('{"metrics": {"score": 4')
+    failed = make_trial(tmp_path, "r", "failed", dp(1), status="failed", error="CUDA out of memory")
+    gone = {**make_trial(tmp_path, "r", "gone", dp(1)), "run_dir": str(tmp_path / "nowhere")}
+    before = _snapshot(tmp_path)
+    db = tmp_path / "db" / "r.duckdb"
+    stats = ingest(db, [ok, trunc, nores, garbled, failed, gone])
+    assert _snapshot(tmp_path / "r") == {k: v for k, v in before.items() if "/db/" not in k}
+    assert stats["trials"] == 6
+    w = "\n".join(stats["warnings"])
+    assert "trunc" in w and "last line" in w
+    assert "nores" in w and "result.json: missing" in w
+    assert "garbled" in w and "unreadable JSON" in w
+    assert "nowhere: run dir missing" in w
+    assert dict(query(db, "SELECT trial_id, value FROM summary")[1]) == {"ok": 1.0, "trunc": 2.0}
+    assert sorted(query(db, "SELECT trial_id, step, value FROM metrics WHERE trial_id = 'trunc'")[1]) == \
+        [("trunc", 0, 1.0), ("trunc", 1, 0.5)]
+    assert query(db, "SELECT error FROM trials WHERE trial_id = 'failed'")[1] == [("CUDA out of memory",)]
+    assert dict(query(db, "SELECT trial_id, n_warnings FROM trials")[1])["trunc"] == 1
+    assert query(db, "SELECT count(*) FROM ingest_warnings")[1][0][0] == len(stats["warnings"])
+
+
+def test_query_is_read_only_and_missing_db_is_clear(tmp_path):
+    db = tmp_path / "r.duckdb"
+    with pytest.raises(FileNotFoundError, match="no results database yet"):
+        query(db, "SELECT 1")
+    ingest(db, [make_trial(tmp_path, "r", "a", dp(1))])
+    with pytest.raises(duckdb.Error, match="read-only"):
+        query(db, "DELETE FROM trials")
+    assert query(db, "SELECT count(*) FROM trials")[1] == [(1,)]
+
+
+READER = r"""
+import sys, time, json
+from dpx.registry import query
+db, until = sys.argv[1], float(sys.argv[2])
+seen, errors = [], []
+while time.time() < until:
+    try:
+        seen.append(query(db, "SELECT count(*) FROM trials JOIN summary USING (trial_id)")[1][0][0])
+    except Exception as e:
+        errors.append(f"{type(e).__name__}: {e}")
+print(json.dumps({"seen": seen, "errors": errors}))
+"""
+
+
+def test_readers_see_whole_databases_while_ingest_rebuilds(tmp_path):
+    small = [make_trial(tmp_path, "r", f"s{i}", dp(1), summary={"v": i}) for i in range(3)]
+    big = small + [make_trial(tmp_path, "r", f"b{i}", dp(2), summary={"v": i}) for i in range(2)]
+    db = tmp_path / "r.duckdb"
+    ingest(db, small)
+    held = duckdb.connect(str(db), read_only=True)  # a `dpx query` session left open the whole time
+    reader = subprocess.Popen([sys.executable, "-c", READER, str(db), str(time.time() + 6)],
+                              stdout=subprocess.PIPE, text=True)
+    for i in range(6):
+        ingest(db, big if i % 2 == 0 else small)
+    out = json.loads(reader.communicate(timeout=60)[0])
+    assert out["errors"] == [] and len(out["seen"]) > 5
+    assert set(out["seen"]) <= {3, 5}  # never a half-built database
+    assert held.execute("SELECT count(*) FROM trials").fetchone() == (3,)  # the old file stays consistent
+    held.close()
+    assert query(db, "SELECT count(*) FROM trials")[1] == [(3,)]
+    assert not list(tmp_path.glob(".r.duckdb.*.tmp*"))  # temp files are renamed, not left behind
