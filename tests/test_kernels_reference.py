@@ -30,8 +30,8 @@ def grads(fn, inputs, **kw):
     q, k, v, beta, g, h0 = xs
     o, ht = fn(q, k, v, beta, g, initial_state=h0, output_final_state=True, **kw)
     gen = torch.Generator().manual_seed(1)
-    do = torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.dtype)
-    dht = torch.randn(ht.shape, generator=gen, dtype=torch.float64).to(ht.dtype)
+    do = torch.randn(o.shape, generator=gen, dtype=torch.float64).to(device=o.device, dtype=o.dtype)
+    dht = torch.randn(ht.shape, generator=gen, dtype=torch.float64).to(device=ht.device, dtype=ht.dtype)
     ((o * do).sum() + (ht * dht).sum()).backward()
     return [o, ht] + [x.grad if x is not None else None for x in xs]
 

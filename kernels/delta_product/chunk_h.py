@@ -17,7 +17,7 @@ from .index import BL, ChunkTable
 
 def _configs():
     return autotune_configs([triton.Config({"BV": bv}, num_warps=w, num_stages=s)
-                             for bv in (32, 64) for w in (4, 8) for s in (2, 3)], default={"BV": 32})
+                             for bv in (32, 64) for w in (4, 8) for s in (2,)], default={"BV": 32})
 
 
 @triton.heuristics({"USE_INITIAL_STATE": lambda a: a["h0"] is not None,
@@ -60,7 +60,7 @@ def chunk_dp_fwd_kernel_h(
 
 
 @triton.heuristics({"USE_FINAL_STATE_GRAD": lambda a: a["dht"] is not None})
-@triton.autotune(configs=autotune_configs([triton.Config({}, num_warps=w, num_stages=s) for w in (4, 8) for s in (2, 3)]),
+@triton.autotune(configs=autotune_configs([triton.Config({}, num_warps=w, num_stages=s) for w in (4, 8) for s in (2,)]),
                  key=["H", "K", "V", "BK", "BV", "PREC"])
 @triton.jit
 def chunk_dp_bwd_kernel_dh(

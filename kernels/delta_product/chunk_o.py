@@ -13,7 +13,7 @@ from .index import BL, ChunkTable
 
 
 @triton.autotune(configs=autotune_configs([triton.Config({"BV": bv}, num_warps=w, num_stages=s)
-                                           for bv in (32, 64) for w in (4, 8) for s in (2, 3)], default={"BV": 64}),
+                                           for bv in (64,) for w in (4, 8) for s in (2,)], default={"BV": 64}),
                  key=["H", "K", "V", "NH", "BK", "PREC"])
 @triton.jit
 def chunk_dp_fwd_kernel_o(

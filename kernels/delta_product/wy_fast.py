@@ -67,8 +67,8 @@ def _store_rows(p, x, row0, ld, o_c, m_c):
     tl.store(p + (row0 + tl.arange(0, 16))[:, None] * ld + o_c[None, :], x.to(p.dtype.element_ty), mask=m_c[None, :])
 
 
-@triton.autotune(configs=autotune_configs([triton.Config({}, num_warps=w, num_stages=s) for w in (2, 4, 8)
-                                           for s in (1, 2)]), key=["H", "K", "V", "NH", "BK", "BV", "USE_G", "PREC"])
+@triton.autotune(configs=autotune_configs([triton.Config({}, num_warps=w, num_stages=s) for w in (4, 8)
+                                           for s in (1,)]), key=["H", "K", "V", "NH", "BK", "BV", "USE_G", "PREC"])
 @triton.jit
 def chunk_dp_fwd_kernel_prepare(
     k, v, beta, g, w, u, kd, gamma, G, chunk_bos, chunk_len,

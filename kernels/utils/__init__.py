@@ -8,11 +8,12 @@ import torch
 import triton
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+NO_AUTOTUNE = INTERPRET or os.environ.get("DPX_NO_AUTOTUNE", "0") == "1"  # tests on a GPU: compile one config
 
 
 def autotune_configs(configs: list, default: dict | None = None) -> list:
-    """All configs on a real GPU; a single one under TRITON_INTERPRET (autotuning there only burns CPU time)."""
-    if INTERPRET:
+    """All configs on a real GPU; a single one under TRITON_INTERPRET or DPX_NO_AUTOTUNE=1."""
+    if NO_AUTOTUNE:
         return [triton.Config(default or {}, num_warps=4, num_stages=1)]
     return configs
 
