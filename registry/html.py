@@ -33,6 +33,13 @@ figure{display:inline-block;margin:6px;vertical-align:top}figcaption{font-size:1
 .err{font-family:monospace;font-size:12px;color:#900}
 """
 
+# Marks on <body> how many images decoded and how many tables exist once the page loaded, so a headless browser
+# (tests: chromium --dump-dom) can check that the figures really render. Inline, no external resources.
+LOADED = ("<script>window.addEventListener('load',function(){var i=Array.prototype.slice.call(document.images);"
+          "document.body.setAttribute('data-images-ok',i.filter(function(x){return x.complete&&x.naturalWidth>0})"
+          ".length);document.body.setAttribute('data-tables',document.querySelectorAll('table').length);});"
+          "</script>")
+
 
 class NothingToReport(ValueError):
     """The recipe has no finished trial in the database (message says what there is)."""
@@ -45,19 +52,24 @@ def _img(path: Path, cls: str, ident: str, alt: str) -> str:
 
 def _table(cmp: Comparison, ident: str) -> str:
     e = html.escape
-    head = "".join(f"<th>{e(c)}</th>" for c in cmp.columns)
+    # the long "source" cells would make every row tall: they go below the table, once each
+    src = cmp.columns.index("source") if "source" in cmp.columns else None
+    keep = [i for i in range(len(cmp.columns)) if i != src]
+    head = "".join(f"<th>{e(cmp.columns[i])}</th>" for i in keep)
     body = []
     for raw, txt in zip(cmp.rows, cmp.text_rows()):
         status = raw[cmp.status_column] if cmp.status_column is not None else ""
         cls = {"no run yet": "norun"}.get(status, "oursonly" if str(status).startswith("ours only") else "")
         cells = []
-        for col, v, t in zip(cmp.columns, raw, txt):
+        for col, v, t in ((cmp.columns[i], raw[i], txt[i]) for i in keep):
             c = "text" if isinstance(v, str) or v is None else ""
             if col.endswith(" delta") and isinstance(v, float):
                 c += " neg" if v < 0 else " pos"
             cells.append(f'<td class="{c.strip()}">{e(t)}</td>')
         body.append(f'<tr class="{cls}">{"".join(cells)}</tr>')
+    sources = sorted({r[src] for r in cmp.rows if r[src]}) if src is not None else []
     notes = "".join(f"<li>{e(n)}</li>" for n in cmp.notes)
+    notes += "".join(f"<li>paper source: {e(s)}</li>" for s in sources)
     return (f'<h3>{e(cmp.title)}</h3><table class="comparison" id="{e(ident)}"><thead><tr>{head}</tr></thead>'
             f'<tbody>{"".join(body)}</tbody></table><ul class="notes">{notes}</ul>')
 
@@ -125,7 +137,7 @@ def report(db_path: str | os.PathLike, recipe: str, out_html: str | os.PathLike)
 
     parts.append("<h2>Plots</h2>")
     with tempfile.TemporaryDirectory() as tmp:
-        pngs = [p for p in plots.write_plots(db_path, tmp, recipe) if not p.name.endswith("_table.png")]
+        pngs = [p for p in plots.write_plots(db_path, tmp, recipe, tables=())]
         for p in pngs:
             parts.append(_img(p, "plot", f"plot-{p.stem}", p.stem))
         if not pngs:
@@ -147,7 +159,7 @@ def report(db_path: str | os.PathLike, recipe: str, out_html: str | os.PathLike)
         parts.append("<h2>Figures from the run dirs</h2>" + "".join(shown_figs) + more)
 
     doc = (f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>dpx report: {e(recipe)}</title>'
-           f"<style>{CSS}</style></head><body>{''.join(parts)}</body></html>")
+           f"<style>{CSS}</style></head><body>{''.join(parts)}{LOADED}</body></html>")
     out = Path(out_html)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp_out = out.with_name(f".{out.name}.{os.getpid()}.tmp")

@@ -97,7 +97,7 @@ def fig5(db_path, out: Path, recipe: str | None = None) -> Path | None:
         ax.set_ylim(-0.02, 1.02)
         ax.legend(fontsize=7)
     axes[0][0].set_ylabel("prefix accuracy")
-    fig.suptitle("Fig. 5: accuracy vs position (dashed: training length)")
+    fig.suptitle("Fig. 5: accuracy vs position (dashed: training length)", y=1.04)
     return _save(fig, out)
 
 
@@ -127,7 +127,7 @@ def fig8(db_path, out: Path, recipe: str | None = None) -> Path | None:
         ax.set_xlabel("position")
         ax.legend(fontsize=7)
     axes[0][0].set_ylabel("next-token loss")
-    fig.suptitle("Fig. 8: loss vs position (dotted: training context)")
+    fig.suptitle("Fig. 8: loss vs position (dotted: training context)", y=1.04)
     return _save(fig, out)
 
 
@@ -157,7 +157,7 @@ def fig9(db_path, out: Path, recipe: str | None = None) -> Path | None:
         ax.set_xlabel("position")
         ax.legend(fontsize=7)
     axes[0][0].set_ylabel("effective rank")
-    fig.suptitle("Fig. 9: effective rank of the state per head")
+    fig.suptitle("Fig. 9: effective rank of the state per head", y=1.04)
     return _save(fig, out)
 
 
@@ -171,10 +171,10 @@ def fig4(db_path, out: Path, recipe: str | None = None) -> Path | None:
         con.close()
     if not data:
         return None
-    modes = sorted({str(d["matching"]) for d in data})
+    modes = sorted({d["matching"] or "not named" for d in data})
     fig, axes = plt.subplots(len(modes), 1, figsize=(7, 3 * len(modes)), squeeze=False)
     for ax, mode in zip(axes[:, 0], modes):
-        mine = [d for d in data if str(d["matching"]) == mode]
+        mine = [d for d in data if (d["matching"] or "not named") == mode]
         shapes = sorted({(d["seq_len"] or 0, d["batch_size"] or 0) for d in mine})
         variants = sorted({(bool(d["gated"]), d["n_h"] or 1) for d in mine})
         w = 0.8 / max(len(variants), 1)
@@ -188,7 +188,7 @@ def fig4(db_path, out: Path, recipe: str | None = None) -> Path | None:
         ax.set_ylabel("tokens/s")
         ax.legend(fontsize=7)
     axes[-1][0].set_xlabel("sequence length x batch size")
-    fig.suptitle("Fig. 4: training throughput")
+    fig.suptitle("Fig. 4: training throughput", y=1.02)
     return _save(fig, out)
 
 
@@ -210,7 +210,6 @@ def table_png(cmp: Comparison, out: Path) -> Path | None:
 def _save(fig, out: Path) -> Path:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
     fig.savefig(out, dpi=DPI, bbox_inches="tight")
     plt.close(fig)
     return out
