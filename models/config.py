@@ -135,6 +135,8 @@ class ModelConfig:
             self.matching = MatchingConfig(**self.matching)
         # aliases -> canonical fields
         if self.n_h is not None:
+            if not isinstance(self.n_h, int) or self.n_h < 1:
+                raise ValueError(f"n_h: must be an integer >= 1, got {self.n_h!r}")
             if self.n_h != self.num_householder and self.num_householder != 1:
                 raise ValueError(f"n_h: conflicts with num_householder={self.num_householder}")
             self.num_householder, self.n_h = self.n_h, None
@@ -238,6 +240,8 @@ class ModelConfig:
     def replace(self, **changes) -> "ModelConfig":
         """A copy with some fields changed, re-validated."""
         d = self.to_dict()
+        if changes.get("n_h") is not None:  # an alias in the changes wins over the canonical field
+            d["num_householder"] = changes.pop("n_h")
         d.update(changes)
         return ModelConfig.from_dict(d)
 

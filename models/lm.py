@@ -131,6 +131,7 @@ def load_pretrained(path: str | Path, map_location: str | torch.device = "cpu") 
     from safetensors.torch import load_file
     path = Path(path)
     cfg = ModelConfig.from_dict(json.loads((path / "config.json").read_text()))
-    model = LanguageModel(cfg)
-    model.load_state_dict(load_file(str(path / "model.safetensors"), device=str(map_location)))
+    sd = load_file(str(path / "model.safetensors"), device=str(map_location))
+    model = LanguageModel(cfg).to(next(iter(sd.values())).dtype)  # the saved precision, not float32
+    model.load_state_dict(sd)
     return model

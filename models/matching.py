@@ -53,6 +53,28 @@ def _best(cands, ref: int):
     return best
 
 
+def _solve1(make, ref: int, lo: int, hi: int):
+    """Best (config, count) over integer x in [lo, hi], make(x) -> config or None (invalid). Counts grow with x, so
+    bisect for the crossing of the reference and compare its neighbours."""
+    def f(x):
+        c = make(x)
+        return count_params(c) if c is not None else None
+
+    a, b = lo, hi
+    while a < b:
+        mid = (a + b) // 2
+        v = next((f(x) for x in range(mid, min(mid + 3, b + 1)) if make(x) is not None), None)
+        if v is None or v >= ref:
+            b = mid
+        else:
+            a = mid + 1
+    cands = (make(x) for x in range(max(lo, a - 3), min(hi, a + 3) + 1))
+    best = _best((c for c in cands if c is not None), ref)
+    if best is None:
+        raise ValueError("matching.mode: no valid configuration near the reference size")
+    return best
+
+
 def _try(cfg: ModelConfig, **changes):
     try:
         return cfg.replace(**changes)
@@ -71,8 +93,7 @@ def solve(cfg: ModelConfig) -> tuple[ModelConfig, dict]:
     tol = m.tolerance
     hd = cfg.key_dim  # keep the per-head size fixed when heads change
     if m.mode == "heads":
-        cands = [c for c in (_try(plain, num_heads=h, head_dim=hd) for h in range(1, 4 * ref_cfg.num_heads * 2 + 1)) if c]
-        out, n = _best(cands, ref)
+        out, n = _solve1(lambda h: _try(plain, num_heads=h, head_dim=hd), ref, 1, 8 * ref_cfg.num_heads * ref_cfg.num_householder + 8)
         if abs(_rel(n, ref)) > tol:
             # heads alone miss: like the authors, round the exact head count up and trim hidden_size
             per_head = count_params(plain.replace(num_heads=2, head_dim=hd)) - count_params(plain.replace(num_heads=1, head_dim=hd))
@@ -80,19 +101,14 @@ def solve(cfg: ModelConfig) -> tuple[ModelConfig, dict]:
             h = max(1, math.ceil((ref - base) / per_head))
             h = m.heads_multiple * math.ceil(h / m.heads_multiple)
             step = m.hidden_multiple
-            hid = [s for s in range(step, 2 * cfg.hidden_size + 1, step)]
-            out, n = _best((c for c in (_try(plain, num_heads=h, head_dim=hd, hidden_size=s) for s in hid) if c), ref)
+            out, n = _solve1(lambda s: _try(plain, num_heads=h, head_dim=hd, hidden_size=s * step), ref,
+                             1, 2 * cfg.hidden_size // step + 1)
         matched = f"num_heads={out.num_heads}" + (f", hidden_size={out.hidden_size}" if out.hidden_size != cfg.hidden_size else "")
     elif m.mode == "head_dim":
-        cands = (_try(plain, head_dim=k) for k in range(1, 4 * max(ref_cfg.key_dim, 1) + 1))
-        out, n = _best((c for c in cands if c), ref)
+        out, n = _solve1(lambda k: _try(plain, head_dim=k), ref, 1, 8 * max(ref_cfg.key_dim, cfg.key_dim))
         matched = f"head_dim={out.key_dim}"
     else:  # mlp
-        lo, hi = 1, 8 * max(ref_cfg.mlp_size, cfg.hidden_size)
-        # params are affine in intermediate_size: solve directly, then check neighbours
-        n1, n2 = count_params(plain.replace(intermediate_size=lo)), count_params(plain.replace(intermediate_size=lo + 1))
-        guess = max(1, round(lo + (ref - n1) / (n2 - n1)))
-        out, n = _best((plain.replace(intermediate_size=i) for i in range(max(1, guess - 2), min(hi, guess + 2) + 1)), ref)
+        out, n = _solve1(lambda i: _try(plain, intermediate_size=i), ref, 1, 16 * max(ref_cfg.mlp_size, cfg.hidden_size))
         matched = f"intermediate_size={out.intermediate_size}"
     if abs(_rel(n, ref)) > tol:
         raise ValueError(f"matching.mode: {m.mode} cannot bring {n:,} parameters within {tol:.1%} of the reference's "

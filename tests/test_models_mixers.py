@@ -6,6 +6,8 @@ import torch
 from dpx.models import ModelConfig
 from dpx.models.mixers import MIXERS, get_mixer
 
+torch.set_num_threads(1)  # tiny float64 shapes on a shared 2-core box: extra intra-op threads only contend
+
 FAMILIES = sorted(MIXERS)
 
 

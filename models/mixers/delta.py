@@ -96,3 +96,16 @@ class DeltaProductMixer(Mixer):
         gate = self.g_proj(x).view(B, T, self.H, self.V) if self.cfg.use_output_gate else None
         o = self.o_norm(o.to(x.dtype), gate)
         return self.o_proj(o.reshape(B, T, self.H * self.V)), {"S": S, **caches}
+
+
+def transition(k: torch.Tensor, beta: torch.Tensor, g: torch.Tensor | None = None) -> torch.Tensor:
+    """The state-transition matrix of one token, exp(g) (I - b_n k_n k_n^T) ... (I - b_1 k_1 k_1^T), in execution
+    order (step 1 acts first, so it is the rightmost factor): S_new = A S_old + (writes).
+    k [..., n, K] (as used, i.e. already normalised), beta [..., n], g [...] log gate or None -> A [..., K, K].
+    Used by probes (eigenvalues, rotation angles) and the tests."""
+    K = k.shape[-1]
+    A = torch.eye(K, dtype=k.dtype, device=k.device).expand(*k.shape[:-2], K, K)
+    for j in range(k.shape[-2]):
+        kj = k[..., j, :]
+        A = A - beta[..., j, None, None] * kj[..., :, None] * (kj[..., None, :] @ A)
+    return A if g is None else A * g.exp()[..., None, None]
