@@ -47,21 +47,22 @@ class MatchingConfig:
     """heads mode searches hidden_size in steps of this when heads alone miss the tolerance"""
 
     def __post_init__(self):
+        # keys are relative ("mode: ..."): nested under `model.matching` by the recipe loader
         if self.mode not in MATCHING_MODES:
-            raise ValueError(f"matching.mode: must be one of {', '.join(MATCHING_MODES)}, got {self.mode!r}"
+            raise ValueError(f"mode: must be one of {', '.join(MATCHING_MODES)}, got {self.mode!r}"
                              + did_you_mean(self.mode, MATCHING_MODES))
         if not isinstance(self.reference, dict):
-            raise ValueError(f"matching.reference: must be a mapping of model fields, got {type(self.reference).__name__}")
+            raise ValueError(f"reference: must be a mapping of model fields, got {type(self.reference).__name__}")
         if self.mode != "none" and not self.reference:
-            raise ValueError("matching.reference: required when matching.mode is not 'none'")
+            raise ValueError("reference: required when mode is not 'none'")
         bad = [k for k in self.reference if k not in MODEL_FIELDS or k == "matching"]
         if bad:
-            raise ValueError(f"matching.reference.{bad[0]}: not a model field" + did_you_mean(bad[0], MODEL_FIELDS))
+            raise ValueError(f"reference.{bad[0]}: not a model field" + did_you_mean(bad[0], MODEL_FIELDS))
         if not 0 < self.tolerance < 1:
-            raise ValueError(f"matching.tolerance: must be in (0, 1), got {self.tolerance}")
+            raise ValueError(f"tolerance: must be in (0, 1), got {self.tolerance}")
         for k in ("heads_multiple", "hidden_multiple"):
             if getattr(self, k) < 1:
-                raise ValueError(f"matching.{k}: must be >= 1, got {getattr(self, k)}")
+                raise ValueError(f"{k}: must be >= 1, got {getattr(self, k)}")
 
 
 @dataclass
@@ -132,7 +133,13 @@ class ModelConfig:
             raise ValueError(f"family: unknown family {self.family!r}" + did_you_mean(self.family, FAMILIES)
                              + f"; choose one of {', '.join(FAMILIES)}")
         if isinstance(self.matching, dict):
-            self.matching = MatchingConfig(**self.matching)
+            unknown = [k for k in self.matching if k not in MATCHING_FIELDS]
+            if unknown:
+                raise ValueError(f"matching.{unknown[0]}: unknown key" + did_you_mean(unknown[0], MATCHING_FIELDS))
+            try:
+                self.matching = MatchingConfig(**self.matching)
+            except ValueError as e:
+                raise ValueError(f"matching.{e}") from None
         # aliases -> canonical fields
         if self.n_h is not None:
             if not isinstance(self.n_h, int) or self.n_h < 1:
@@ -247,3 +254,4 @@ class ModelConfig:
 
 
 MODEL_FIELDS = tuple(f.name for f in fields(ModelConfig))
+MATCHING_FIELDS = tuple(f.name for f in fields(MatchingConfig))

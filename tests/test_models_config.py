@@ -64,3 +64,11 @@ def test_every_family_builds_a_valid_default_config():
 def test_import_is_torch_free():
     code = "import sys, dpx.models; dpx.models.ModelConfig(n_h=2); assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_nested_matching_errors_are_relative_for_the_recipe_loader():
+    pydantic = pytest.importorskip("pydantic")
+    with pytest.raises(pydantic.ValidationError) as e:
+        pydantic.TypeAdapter(ModelConfig).validate_python({"matching": {"mode": "x"}})
+    err = e.value.errors()[0]
+    assert err["loc"] == ("matching",) and err["msg"].removeprefix("Value error, ").startswith("mode:")

@@ -115,8 +115,11 @@ def test_lm_eval_class():
     reqs = [Instance("loglikelihood", {}, ("abc", "de"), 0), Instance("loglikelihood", {}, ("", "xy"), 1)]
     res = lm.loglikelihood(reqs)
     assert len(res) == 2 and all(lp < 0 for lp, _ in res)
-    (roll,) = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, ("hello",), 0)])
-    assert math.isclose(roll, res[1][0] if False else roll)
-    assert roll < 0
+    # an empty context conditions on the end-of-text token, exactly what the rolling score does
+    (roll,) = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, ("xy",), 0)])
+    assert math.isclose(roll, res[1][0], rel_tol=1e-5)
+    direct = torch.log_softmax(m(torch.tensor([[0] + CharTok().encode("xy")]))[0].double(), -1)
+    assert math.isclose(roll, direct[0, CharTok().encode("x")[0]].item() + direct[1, CharTok().encode("y")[0]].item(),
+                        rel_tol=1e-5)
     (text,) = lm.generate_until([Instance("generate_until", {}, ("abc", {"until": ["zzz"], "max_gen_toks": 4}), 0)])
     assert isinstance(text, str) and len(text) <= 4

@@ -17,6 +17,13 @@ from .base import Mixer
 def run_core(mixer: Mixer, mode: str, q, k, v, w, S0=None, scale=1.0, a=None, b=None, u=None):
     """Dispatch to the chunkwise or the recurrent form of `core` (chunk default: 64 for scalar decays, 16 for
     per-channel ones, whose pairwise decay tensor is K times larger)."""
+    dt = q.dtype
+    if dt in (torch.float16, torch.bfloat16) or torch.is_autocast_enabled(q.device.type):
+        # cumulative log decays and the triangular solve need float32: leave autocast, upcast, cast back
+        with torch.autocast(q.device.type, enabled=False):
+            f = lambda x: None if x is None else x.float()  # noqa: E731
+            o, S = run_core(mixer, mode, f(q), f(k), f(v), f(w), f(S0), scale, f(a), f(b), f(u))
+        return o.to(dt), S
     if mode == "recurrent":
         return core.recurrent(q, k, v, w, a, b, u, S0, scale)
     C = mixer.cfg.chunk_size or (64 if w.shape[-1] == 1 else 16)
