@@ -1,0 +1,166 @@
+"""Ray backend against a real Ray head (`ray start --head` on this machine, its own temp dir and ports).
+
+The head runs in its own process group and is stopped by that group id, never with `ray stop` (which kills every
+Ray process on the machine, other people's included).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import run_dpx, write_recipe
+
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stop_group(proc: subprocess.Popen, grace: float = 15) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace)
+            time.sleep(1)  # children of the group exit right after the `ray start --block` parent
+        except subprocess.TimeoutExpired:
+            pass
+
+
+@pytest.fixture(scope="module")
+def ray_head():
+    tmp = tempfile.mkdtemp(prefix="dpxray", dir="/tmp")  # short: Ray's unix socket paths live under it
+    port = free_port()
+    cmd = [RAY, "start", "--head", "--block", f"--port={port}", "--num-cpus=2", "--num-gpus=0", f"--temp-dir={tmp}",
+           "--include-dashboard=false", "--disable-usage-stats", f"--ray-client-server-port={free_port()}",
+           f"--dashboard-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
+           f"--dashboard-agent-grpc-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
+           f"--metrics-export-port={free_port()}"]
+    log = open(Path(tmp) / "head.log", "w")
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"ray head exited: {(Path(tmp) / 'head.log').read_text()[-2000:]}")
+        if "block forever" in (Path(tmp) / "head.log").read_text():
+            break
+        time.sleep(0.5)
+    else:
+        stop_group(proc)
+        pytest.fail("ray head did not come up in 120 s")
+    yield f"127.0.0.1:{port}"
+    stop_group(proc)
+    log.close()
+
+
+def wait_done(ws: Path, recipe: str, timeout: float = 180) -> list[dict]:
+    from dpx.orchestrator.state import StateStore
+
+    store = StateStore(ws / "state.db")
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        rows = [dict(r) for r in store.trials(recipe=recipe)]
+        subs = store.submissions(recipe)
+        if rows and all(s["state"] not in ("starting", "running") for s in subs):
+            return rows
+        time.sleep(0.5)
+    raise AssertionError(f"{recipe} not done after {timeout}s: {[(r['trial_id'], r['status']) for r in rows]}")
+
+
+def runner_of(run_dir: Path, timeout: float = 120) -> psutil.Process:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for p in psutil.process_iter(["cmdline"]):
+            cmd = p.info["cmdline"] or []
+            if "dpx.orchestrator.runner" in cmd and str(run_dir) in cmd:
+                return p
+        time.sleep(0.2)
+    raise AssertionError(f"no runner process for {run_dir}")
+
+
+@pytest.mark.slow
+def test_killed_worker_is_retried_and_others_undisturbed(tmp_path, ray_head):
+    """SIGKILL the Ray worker running one trial: that trial comes back as attempt 2 and resumes from its
+    checkpoint; the other trial runs once, untouched; the killed attempt's subprocess died with its worker."""
+    ws = tmp_path / "ws"
+    recipe = write_recipe(tmp_path / "rk.yaml", f"""
+name: rk
+task: {{name: debug, steps: 16, sleep_s: 8, checkpoint: true}}
+grid: {{task.value: [1, 2]}}
+hardware: {{backend: ray, max_retries: 1, ray: {{address: "{ray_head}"}}}}
+""")
+    r = run_dpx("submit", str(recipe), ws=ws)
+    assert r.returncode == 0, r.stderr
+    ids = run_dpx("expand", str(recipe), "--format", "ids").stdout.split()
+    victim, other = (ws / "runs" / "rk" / i for i in ids)
+    runner = runner_of(victim)
+    worker = runner.parent()
+    assert worker is not None and "ray::" in " ".join(worker.cmdline()), worker.cmdline()
+    deadline = time.time() + 60
+    while not (victim / "checkpoints" / "last.json").exists() and time.time() < deadline:  # progress to resume
+        time.sleep(0.2)
+    worker.send_signal(signal.SIGKILL)
+    runner.wait(timeout=10)  # PR_SET_PDEATHSIG: no orphan keeps writing the run dir
+    rows = {Path(r["run_dir"]).name: r for r in wait_done(ws, "rk")}
+    assert rows[victim.name]["status"] == "completed" and rows[victim.name]["attempts"] == 2
+    assert rows[other.name]["status"] == "completed" and rows[other.name]["attempts"] == 1
+    res = json.loads((victim / "result.json").read_text())
+    assert res["attempt"] == 2 and res["metrics"]["resumed_from"] > 0
+    assert json.loads((other / "result.json").read_text())["metrics"]["resumed_from"] == 0
+    from dpx.orchestrator.state import StateStore
+
+    ev = [e["detail"] for e in StateStore(ws / "state.db").events("rk", victim.name)]
+    assert any("worker lost" in (d or "") for d in ev), ev
+    assert (victim / "log.txt").read_text().count("===== attempt") == 2
+
+
+@pytest.mark.slow
+def test_timeout_stops_trial_gracefully(tmp_path, ray_head):
+    ws = tmp_path / "ws"
+    recipe = write_recipe(tmp_path / "rt.yaml", f"""
+name: rt
+task: {{name: debug, steps: 100, sleep_s: 100}}
+hardware: {{backend: ray, timeout_min: 0.4, ray: {{address: "{ray_head}"}}}}
+""")
+    t0 = time.time()
+    r = run_dpx("submit", str(recipe), "--wait", ws=ws, timeout=150, env={"DPX_KILL_GRACE_S": "10"})
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert time.time() - t0 < 100
+    (row,) = wait_done(ws, "rt")
+    assert row["status"] == "failed" and "timed out" in row["error"]
+    # the trial got SIGTERM (not a kill): it saw should_stop() and reported a preemption in its own log
+    assert "preempted" in (Path(row["run_dir"]) / "log.txt").read_text()
+
+
+def test_bad_ray_input_is_one_line_and_queues_nothing(tmp_path):
+    ws = tmp_path / "ws"
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    recipe = write_recipe(tmp_path / "rb.yaml", f"""
+name: rb
+task: {{name: debug}}
+hardware: {{backend: ray, ray: {{address: "127.0.0.1:{dead}"}}}}
+""")
+    r = run_dpx("submit", str(recipe), ws=ws)
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "unreachable" in r.stderr and "hardware.ray.address" in r.stderr
+    r = run_dpx("submit", str(recipe), "hardware.ray.address=null", "hardware.gpus_per_trial=4", ws=ws)
+    assert r.returncode == 2 and "hardware.gpus_per_trial" in r.stderr and "GPU" in r.stderr, r.stderr
+    assert not (ws / "state.db").exists()
