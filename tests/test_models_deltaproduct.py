@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from dpx import kernels
 from dpx.models import ModelConfig
-from dpx.models.mixers.delta import DeltaProductMixer, transition
+from dpx.models.mixers.delta import DeltaProductMixer, state_trajectory, transition
 
 torch.set_num_threads(1)  # tiny float64 shapes on a shared 2-core box: extra intra-op threads only contend
 
@@ -125,3 +125,32 @@ def test_beta_range_sets_the_layer_beta():
             m.b_proj.weight.normal_(0, 3)
         beta = m._inputs(x, {})[3]
         assert beta.min() >= 0 and beta.max() <= hi and beta.max() > 0.9 * hi
+
+
+@pytest.mark.parametrize("knobs", [dict(use_short_conv=False), dict(use_output_gate=True, expand_v=2.0),
+                                   dict(family="gated_deltanet", n_h=None, conv_size=2)])
+def test_layer_knobs_keep_forms_equal(knobs):
+    torch.manual_seed(1)
+    cfg = dict(family="gated_deltaproduct", hidden_size=16, num_heads=2, head_dim=4, n_h=2, chunk_size=3)
+    cfg.update(knobs)
+    m = DeltaProductMixer(ModelConfig(**cfg)).double()
+    x = torch.randn(2, 8, 16, dtype=f64)
+    y_c, s_c = m(x, mode="chunk")
+    y_r, s_r = m(x, mode="recurrent")
+    assert torch.allclose(y_c, y_r, atol=1e-10) and torch.allclose(s_c["S"], s_r["S"], atol=1e-10)
+    assert hasattr(m, "g_proj") == bool(knobs.get("use_output_gate")) and hasattr(m, "q_conv") == cfg.get("use_short_conv", True)
+
+
+def test_state_trajectory_from_recorded_aux_matches_the_layer():
+    torch.manual_seed(2)
+    m = DeltaProductMixer(ModelConfig(family="gated_deltaproduct", hidden_size=16, num_heads=2, head_dim=4, n_h=3,
+                                      beta_range="[-1,1]")).double()
+    m.record = True
+    x = torch.randn(2, 6, 16, dtype=f64)
+    _, state = m(x)
+    a = m.aux
+    states = list(state_trajectory(a["k"], a["v"], a["beta"], a["g"]))
+    subs = list(state_trajectory(a["k"], a["v"], a["beta"], a["g"], every="substep"))
+    assert len(states) == 6 and len(subs) == 18
+    assert torch.allclose(states[-1], state["S"], atol=1e-6)  # the kernel l2-normalises with eps; aux keys too
+    assert torch.allclose(subs[2], states[0]) and torch.allclose(subs[-1], states[-1])

@@ -109,3 +109,25 @@ def transition(k: torch.Tensor, beta: torch.Tensor, g: torch.Tensor | None = Non
         kj = k[..., j, :]
         A = A - beta[..., j, None, None] * kj[..., :, None] * (kj[..., None, :] @ A)
     return A if g is None else A * g.exp()[..., None, None]
+
+
+def state_trajectory(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: torch.Tensor | None = None,
+                     S0: torch.Tensor | None = None, every: str = "token"):
+    """Yield the recurrent state [B, H, K, V] after every token (or every Householder sub-step), from the per-token
+    internals a forward with return_aux=True records: k [B, T, n, H, K] (normalised), v [B, T, n, H, V],
+    beta [B, T, n, H], g [B, T, H] or None. For the effective-rank analysis and state probes (float64-safe loop)."""
+    if every not in ("token", "substep"):
+        raise ValueError(f"every: expected 'token' or 'substep', got {every!r}")
+    B, T, n, H, K = k.shape
+    S = k.new_zeros(B, H, K, v.shape[-1]) if S0 is None else S0.to(k.dtype)
+    for t in range(T):
+        if g is not None:
+            S = S * g[:, t].exp().to(S.dtype)[..., None, None]
+        for j in range(n):
+            kj, vj, bj = k[:, t, j], v[:, t, j].to(S.dtype), beta[:, t, j].to(S.dtype)
+            err = vj - torch.einsum("bhkv,bhk->bhv", S, kj)
+            S = S + bj[..., None, None] * kj[..., :, None] * err[..., None, :]
+            if every == "substep":
+                yield S
+        if every == "token":
+            yield S
