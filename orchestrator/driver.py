@@ -88,6 +88,8 @@ class Driver:
 
     # ---- MLflow (never fatal: run dirs are the source of truth; `dpx sync` catches up) -----------------------
     def _setup_tracking(self) -> None:
+        if self.tracking.get("enabled") is False:
+            return
         try:
             from .tracking import Tracker
 

@@ -73,6 +73,8 @@ class HardwareConfig(_Strict):
 
 
 class TrackingConfig(_Strict):
+    enabled: bool = True
+    """log to MLflow (run dirs and DuckDB are always written; `dpx sync` can log to MLflow later)"""
     mlflow_uri: Optional[str] = None
     """MLflow tracking URI (default: sqlite:///<workspace>/mlflow.db); `dpx server` prints one for clusters"""
     experiment: Optional[str] = None

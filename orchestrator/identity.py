@@ -24,14 +24,20 @@ def canonical_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=True)
 
 
-def trial_id(config: dict, section_json: dict[str, str] | None = None) -> str:
-    """12 hex chars of sha256 over the identity-relevant part of a resolved trial config.
-
-    `section_json` may carry precomputed canonical JSON per section (expansion of large grids reuses them)."""
+def section_hash(config: dict, section_json: dict[str, str] | None = None) -> "hashlib._Hash":
+    """The hash state over everything but the seed; `trial_id` finishes it. Large grids reuse it across seeds."""
     h = hashlib.sha256(ID_SCHEME.encode())
     h.update(b"|version=" + str(int(config.get("version", 1))).encode())
-    h.update(b"|seed=" + str(int(config.get("seed", 0))).encode())
     for s in HASHED_SECTIONS:
         js = section_json[s] if section_json and s in section_json else canonical_json(config.get(s))
         h.update(f"|{s}=".encode() + js.encode())
+    return h
+
+
+def trial_id(config: dict, section_json: dict[str, str] | None = None, prefix: "hashlib._Hash | None" = None) -> str:
+    """12 hex chars of sha256 over the identity-relevant part of a resolved trial config.
+
+    `section_json` may carry precomputed canonical JSON per section, `prefix` a precomputed `section_hash`."""
+    h = (prefix or section_hash(config, section_json)).copy()
+    h.update(b"|seed=" + str(int(config.get("seed", 0))).encode())
     return h.hexdigest()[:12]

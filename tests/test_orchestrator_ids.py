@@ -11,7 +11,7 @@ CONF = {"version": 1, "seed": 0, "model": None,
 
 # Golden ids: if one of these changes, every user's finished trials would silently run again. Change only with
 # a new ID_SCHEME, on purpose.
-GOLDEN = "b4b460f77302"
+GOLDEN = "e90316605257"
 
 
 def test_golden_id():
@@ -47,4 +47,4 @@ def test_golden_recipe_ids(tmp_path):
     assert ids == GOLDEN_RECIPE
 
 
-GOLDEN_RECIPE = ['358344c982c0', '160e2f9b54fb', '1ed9aa9aa072', '530c2d3befae']
+GOLDEN_RECIPE = ['dfa5a3344e8b', '033d8cd3f030', '825c56af3941', 'e64dfa623cbf']
