@@ -93,17 +93,20 @@ def solve(cfg: ModelConfig) -> tuple[ModelConfig, dict]:
     tol = m.tolerance
     hd = cfg.key_dim  # keep the per-head size fixed when heads change
     if m.mode == "heads":
-        out, n = _solve1(lambda h: _try(plain, num_heads=h, head_dim=hd), ref, 1, 8 * ref_cfg.num_heads * ref_cfg.num_householder + 8)
+        h_max = 8 * ref_cfg.num_heads * ref_cfg.num_householder + 8
+        out, n = _solve1(lambda h: _try(plain, num_heads=h, head_dim=hd), ref, 1, h_max)
         if abs(_rel(n, ref)) > tol:
             # heads alone miss: like the authors, round the exact head count up and trim hidden_size
-            per_head = count_params(plain.replace(num_heads=2, head_dim=hd)) - count_params(plain.replace(num_heads=1, head_dim=hd))
-            base = count_params(plain.replace(num_heads=1, head_dim=hd)) - per_head
+            one, two = (count_params(plain.replace(num_heads=h, head_dim=hd)) for h in (1, 2))
+            per_head, base = two - one, 2 * one - two  # params are affine in the head count
             h = max(1, math.ceil((ref - base) / per_head))
             h = m.heads_multiple * math.ceil(h / m.heads_multiple)
             step = m.hidden_multiple
             out, n = _solve1(lambda s: _try(plain, num_heads=h, head_dim=hd, hidden_size=s * step), ref,
                              1, 2 * cfg.hidden_size // step + 1)
-        matched = f"num_heads={out.num_heads}" + (f", hidden_size={out.hidden_size}" if out.hidden_size != cfg.hidden_size else "")
+        matched = f"num_heads={out.num_heads}"
+        if out.hidden_size != cfg.hidden_size:
+            matched += f", hidden_size={out.hidden_size}"
     elif m.mode == "head_dim":
         out, n = _solve1(lambda k: _try(plain, head_dim=k), ref, 1, 8 * max(ref_cfg.key_dim, cfg.key_dim))
         matched = f"head_dim={out.key_dim}"

@@ -138,7 +138,8 @@ def test_layer_knobs_keep_forms_equal(knobs):
     y_c, s_c = m(x, mode="chunk")
     y_r, s_r = m(x, mode="recurrent")
     assert torch.allclose(y_c, y_r, atol=1e-10) and torch.allclose(s_c["S"], s_r["S"], atol=1e-10)
-    assert hasattr(m, "g_proj") == bool(knobs.get("use_output_gate")) and hasattr(m, "q_conv") == cfg.get("use_short_conv", True)
+    assert hasattr(m, "g_proj") == bool(knobs.get("use_output_gate"))
+    assert hasattr(m, "q_conv") == cfg.get("use_short_conv", True)
 
 
 def test_state_trajectory_from_recorded_aux_matches_the_layer():
