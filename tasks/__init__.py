@@ -41,3 +41,13 @@ def register(name: str, config: str, run: str, doc: str = "") -> None:
 register("debug", "dpx.tasks.debug.config:DebugConfig", "dpx.tasks.debug.task:run",
          "no model: sleep, log metrics, optionally fail / exit / diverge / hang (for tests and benchmarks)")
 # Tasks register below, one line each.
+register("lm", "dpx.tasks.lm.config:LMConfig", "dpx.tasks.lm.task:run",
+         "language modelling (paper protocol) on a hub / local / shipped corpus, then optional evals (Tables 3-4)")
+register("lm_eval", "dpx.tasks.lm.config:LMEvalConfig", "dpx.tasks.lm.task:run",
+         "lm-evaluation-harness zero-shot: wikitext, lambada, piqa, hellaswag, winogrande, arc-e/c (Tables 3-4)")
+register("extrapolation", "dpx.tasks.lm.config:ExtrapolationConfig", "dpx.tasks.lm.task:run",
+         "per-position loss up to 32K tokens, 501-token moving average (Fig. 8)")
+register("effective_rank", "dpx.tasks.lm.config:EffectiveRankConfig", "dpx.tasks.lm.task:run",
+         "effective rank of every head's state along a sequence, batched SVD on the device (Fig. 9)")
+register("throughput", "dpx.tasks.lm.config:ThroughputConfig", "dpx.tasks.lm.throughput:run",
+         "training tokens/s at (seq len x batch), ours or fla's GatedDeltaProduct layer (Fig. 4)")
