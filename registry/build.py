@@ -133,6 +133,42 @@ def _epoch(v: Any) -> float | None:
         return None
 
 
+METRIC_COLUMNS = "{key: 'VARCHAR', value: 'DOUBLE', step: 'DOUBLE', time: 'DOUBLE', kind: 'VARCHAR'}"
+
+
+def _load_metrics(con: duckdb.DuckDBPyConnection, tid: str, data: RunDirData) -> None:
+    """metrics.jsonl -> `metrics` (kind scalar) and `curves` (kind curve). An unreadable line (a worker killed
+    mid-write, or still writing) comes back from DuckDB as an all-NULL row: it is counted, warned, skipped.
+    null and NaN values are stored as NULL."""
+    path = data.metrics_path
+    try:
+        con.execute("CREATE OR REPLACE TEMP TABLE raw AS SELECT * FROM read_json(?, format = 'newline_delimited', "
+                    f"ignore_errors = true, columns = {METRIC_COLUMNS})", [str(path)])
+    except duckdb.Error as e:
+        data.warnings.append(f"{path}: unreadable ({str(e).splitlines()[0][:100]}); no metrics from this trial")
+        return
+    clean = "CASE WHEN isnan(value) THEN NULL ELSE value END"
+    con.execute(f"INSERT INTO metrics SELECT ?, key, CAST(step AS BIGINT), {clean}, time, 'scalar' FROM raw "
+                "WHERE key IS NOT NULL AND coalesce(kind, 'scalar') <> 'curve'", [tid])
+    con.execute(f"INSERT INTO curves SELECT ?, key, step, {clean} FROM raw WHERE key IS NOT NULL AND kind = 'curve'",
+                [tid])
+    bad = con.execute("SELECT count(*) FROM raw WHERE key IS NULL").fetchone()[0]
+    con.execute("DROP TABLE raw")
+    if bad:
+        where = ""
+        try:
+            with open(path, "rb") as f:
+                f.seek(max(0, f.seek(0, 2) - 65536))
+                tail = f.read()
+            if not tail.endswith(b"\n"):
+                json.loads(tail.rsplit(b"\n", 1)[-1])
+        except ValueError:
+            where = " (the last line is truncated: the worker was killed mid-write or is still writing)"
+        except OSError:
+            pass
+        data.warnings.append(f"{path}: {bad} unreadable line(s) skipped{where}")
+
+
 def _create_paper_tables(con: duckdb.DuckDBPyConnection) -> None:
     long_rows = []
     for name in ("table2", "table3", "table4", "table5", "fig5"):
@@ -211,14 +247,17 @@ def _build(con: duckdb.DuckDBPyConnection, trials: list[dict], stats: dict) -> N
             stats["warnings"].append(f"trial {tid} listed twice; the last entry is kept")
         seen[tid] = t
 
-    rows, flats, metrics, curves, summary, figures, warn_rows = [], [], [], [], [], [], []
+    con.execute("CREATE TABLE metrics (trial_id VARCHAR, key VARCHAR, step BIGINT, value DOUBLE, time DOUBLE, "
+                "kind VARCHAR)")
+    con.execute("CREATE TABLE curves (trial_id VARCHAR, key VARCHAR, x DOUBLE, y DOUBLE)")
+    rows, flats, summary, figures, warn_rows = [], [], [], [], []
     for tid, t in seen.items():
         data = read_run_dir(t.get("run_dir"), expect_result=t.get("status") == "completed")
+        if data.metrics_path is not None:
+            _load_metrics(con, tid, data)
         row, flat = _trial_row(t, data)
         rows.append(row)
         flats.append(flat)
-        metrics += [(tid, k, s, v, tm, "scalar") for k, s, v, tm in data.scalars]
-        curves += [(tid, k, x, y) for k, x, y in data.curves]
         if data.result is not None:
             summary += [(tid, k, v, j) for k, v, j in _flatten_summary(data.result.get("metrics"))]
         figures += [(tid, p.stem, str(p), p.stat().st_size) for p in data.figures]
@@ -250,13 +289,8 @@ def _build(con: duckdb.DuckDBPyConnection, trials: list[dict], stats: dict) -> N
     con.execute(f"INSERT INTO trials SELECT {sel} FROM trials_stage")
     con.execute("DROP TABLE trials_stage")
 
-    con.execute("CREATE TABLE metrics (trial_id VARCHAR, key VARCHAR, step BIGINT, value DOUBLE, time DOUBLE, "
-                "kind VARCHAR)")
-    stats["metrics"] = _insert(con, "metrics", [("trial_id", "VARCHAR"), ("key", "VARCHAR"), ("step", "DOUBLE"),
-                                                ("value", "DOUBLE"), ("time", "DOUBLE"), ("kind", "VARCHAR")], metrics)
-    con.execute("CREATE TABLE curves (trial_id VARCHAR, key VARCHAR, x DOUBLE, y DOUBLE)")
-    stats["curves"] = _insert(con, "curves", [("trial_id", "VARCHAR"), ("key", "VARCHAR"), ("x", "DOUBLE"),
-                                              ("y", "DOUBLE")], curves)
+    stats["metrics"] = con.execute("SELECT count(*) FROM metrics").fetchone()[0]
+    stats["curves"] = con.execute("SELECT count(*) FROM curves").fetchone()[0]
     con.execute("CREATE TABLE summary (trial_id VARCHAR, key VARCHAR, value DOUBLE, value_json JSON)")
     stats["summary"] = _insert(con, "summary", [("trial_id", "VARCHAR"), ("key", "VARCHAR"), ("value", "DOUBLE"),
                                                 ("value_json", "JSON")], summary)
