@@ -14,6 +14,7 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .errors import RecipeError
@@ -28,7 +29,7 @@ WS_OPT = typer.Option(None, "--workspace", "-w", help="workspace folder (default
 
 
 def _fail(msg: str, code: int = 2) -> None:
-    err.print(f"[red]error:[/red] {msg}", highlight=False, soft_wrap=True)
+    err.print(f"[red]error:[/red] {escape(msg)}", highlight=False, soft_wrap=True)  # user text is not markup
     raise typer.Exit(code)
 
 
@@ -298,7 +299,7 @@ def main() -> None:
     try:
         app()
     except RecipeError as e:  # a config class raised outside the expansion path
-        err.print(f"error: {e.line()}", highlight=False)
+        err.print(f"error: {escape(e.line())}", highlight=False, soft_wrap=True)
         sys.exit(2)
 
 

@@ -13,7 +13,9 @@ class RecipeError(Exception):
 
     def line(self) -> str:
         where = ":".join(p for p in (self.file, self.key) if p)
-        return f"{where}: {self.reason}" if where else self.reason
+        text = f"{where}: {self.reason}" if where else self.reason
+        # one line whatever the parts hold (YAML reader errors span lines; keys may contain line breaks)
+        return " ".join(part.strip() for part in text.splitlines())
 
 
 def did_you_mean(word: str, choices) -> str:

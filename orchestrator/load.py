@@ -44,7 +44,11 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> dict:
     if not path.exists():
         raise RecipeError("no such recipe file", file)
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.safe_load(path.read_bytes().decode("utf-8"))
+    except OSError as e:  # a folder, unreadable, vanished
+        raise RecipeError(f"cannot read the recipe: {e.strerror or e}", file) from None
+    except UnicodeDecodeError as e:
+        raise RecipeError(f"not UTF-8 text (byte {e.start}: {e.object[e.start:e.start + 1]!r})", file) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else None

@@ -243,6 +243,9 @@ def _task_cls(name: Any, file: str) -> type:
 
     if not name:
         raise RecipeError(f"missing; known tasks: {', '.join(sorted(TASKS))}", file, "task.name")
+    if not isinstance(name, str):  # a list/dict here is unhashable: `in TASKS` would raise TypeError
+        raise RecipeError(f"must be a task name, got {type(name).__name__}; known: {', '.join(sorted(TASKS))}",
+                          file, "task.name")
     if name not in TASKS:
         raise RecipeError(f"unknown task {name!r}{did_you_mean(name, TASKS)}; known: {', '.join(sorted(TASKS))}",
                           file, "task.name")
