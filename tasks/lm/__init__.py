@@ -1,0 +1,1 @@
+"""Language modelling and its evaluations: data, tokenizer, LM training, lm-eval, extrapolation, effective rank, throughput."""
