@@ -1,6 +1,6 @@
 """DeltaProduct kernel benchmark on one GPU: dpx Triton vs fla-core (optional) vs the naive loop, with floors.
 
-    python benchmarks/kernels.py [--out DIR] [--quick]
+    python benchmarks/kernels.py [--out DIR] [--ns 1,2,3,4] [--bwd-ns ...] [--fla-ns ...] [--fla-bwd]
 
 Shape (issue 4): B=4, T=4096, H=16, d_k=d_v=128, bf16; n_h 1-4, gated and not; forward and forward+backward.
 Floors: bytes moved / measured device-to-device copy bandwidth, FLOPs of the chunkwise algorithm / measured bf16
@@ -89,20 +89,26 @@ def rel(a, b):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--ns", default="1,2,3,4", help="n_h values for our kernel")
+    ap.add_argument("--bwd-ns", default="1,2,3,4", help="n_h values timed forward+backward")
+    ap.add_argument("--fla-ns", default="1,2,3,4", help="n_h values timed with fla (its autotuning takes minutes)")
+    ap.add_argument("--no-check", action="store_true", help="skip the bf16-vs-fp32 correctness check")
+    ap.add_argument("--fla-bwd", action="store_true", help="also time fla's forward+backward")
     args = ap.parse_args()
     dev = "cuda"
     B, T, H, K, V = (4, 4096, 16, 128, 128)
     dtype = torch.bfloat16
     bw, mm = measured_rates(dev)
     rows, log = [], []
-    say = lambda *a: (print(*a, flush=True), log.append(" ".join(map(str, a))))
+    t_start = time.time()
+    say = lambda *a: (print(f"[{time.time() - t_start:6.1f}s]", *a, flush=True), log.append(" ".join(map(str, a))))
+    parse = lambda x: [int(i) for i in x.split(",") if i]
     say(f"device {torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__} "
         f"fla {'yes' if fla_chunk else 'no: ' + FLA_ERR}")
     say(f"copy bandwidth {bw / 1e12:.2f} TB/s, bf16 matmul {mm / 1e12:.0f} TFLOP/s")
 
     # correctness at a moderate shape against the float32 PyTorch chunk path on the same GPU
-    for n, gated in [(2, True), (3, False)]:
+    for n, gated in [] if args.no_check else [(2, True), (3, False)]:
         xs = inputs(1, 1000, 4, K, V, n, gated, dtype, dev, requires_grad=True)
         h0 = torch.randn(1, 4, K, V, device=dev, requires_grad=True)
         o, ht = chunk_gated_delta_product(*xs, n, initial_state=h0, output_final_state=True)
@@ -120,40 +126,6 @@ def main():
         if fla_chunk is not None:
             o3, _ = fla_chunk(*[None if x is None else x.detach() for x in xs], n, initial_state=h0.detach())
             say(f"check n={n} gated={gated} fla vs fp32 torch-chunk rel err o {rel(o3, o2):.1e}")
-
-    ns = [2] if args.quick else [1, 2, 3, 4]
-    for n in ns:
-        for gated in (False, True):
-            fb = bytes_fwd(B, T, H, K, V, n, gated) / bw * 1e3
-            ff = flops_fwd(B, T, H, K, V, n) / mm * 1e3
-            row = dict(n=n, gated=gated, floor_bytes_ms=fb, floor_flops_ms=ff)
-            xs = inputs(B, T, H, K, V, n, gated, dtype, dev)
-            with torch.no_grad():
-                row["ours_fwd"] = bench(lambda: chunk_gated_delta_product(*xs, n))
-                if fla_chunk is not None:
-                    try:
-                        row["fla_fwd"] = bench(lambda: fla_chunk(*xs, n))
-                    except Exception as e:  # noqa: BLE001
-                        row["fla_fwd"] = f"error: {type(e).__name__}"
-            xg = inputs(B, T, H, K, V, n, gated, dtype, dev, requires_grad=True)
-            do = torch.randn(B, T, H, V, device=dev, dtype=dtype)
-
-            def fb_ours():
-                o, _ = chunk_gated_delta_product(*xg, n)
-                o.backward(do)
-            row["ours_fwdbwd"] = bench(fb_ours, warmup=5, rep=50)
-            if fla_chunk is not None:
-                def fb_fla():
-                    o, _ = fla_chunk(*xg, n)
-                    o.backward(do)
-                try:
-                    row["fla_fwdbwd"] = bench(fb_fla, warmup=5, rep=50)
-                except Exception as e:  # noqa: BLE001
-                    row["fla_fwdbwd"] = f"error: {type(e).__name__}: {str(e)[:80]}"
-            rows.append(row)
-            say(json.dumps(row))
-            del xs, xg
-            torch.cuda.empty_cache()
 
     # naive loop, once (a single timed call; it is a Python loop over T*n steps)
     xs = inputs(1, 1024, H, K, V, 2, True, dtype, dev)
@@ -178,6 +150,43 @@ def main():
         floor = 2 * S.numel() * 4 / bw * 1e3
         dec.append(dict(n=n, ms=t, floor_ms=floor))
         say(f"decode n={n}: {t * 1e3:.1f} us/step (floor {floor * 1e3:.1f} us)")
+
+    for n in parse(args.ns):
+        for gated in (False, True):
+            fb = bytes_fwd(B, T, H, K, V, n, gated) / bw * 1e3
+            ff = flops_fwd(B, T, H, K, V, n) / mm * 1e3
+            row = dict(n=n, gated=gated, floor_bytes_ms=fb, floor_flops_ms=ff)
+            xs = inputs(B, T, H, K, V, n, gated, dtype, dev)
+            with torch.no_grad():
+                row["ours_fwd"] = bench(lambda: chunk_gated_delta_product(*xs, n))
+                if fla_chunk is not None and n in parse(args.fla_ns):
+                    try:
+                        row["fla_fwd"] = bench(lambda: fla_chunk(*xs, n))
+                    except Exception as e:  # noqa: BLE001
+                        row["fla_fwd"] = f"error: {type(e).__name__}"
+            xg = inputs(B, T, H, K, V, n, gated, dtype, dev, requires_grad=True)
+            do = torch.randn(B, T, H, V, device=dev, dtype=dtype)
+
+            def fb_ours():
+                o, _ = chunk_gated_delta_product(*xg, n)
+                o.backward(do)
+            if n in parse(args.bwd_ns):
+                row["ours_fwdbwd"] = bench(fb_ours, warmup=5, rep=50)
+            if fla_chunk is not None and args.fla_bwd and n in parse(args.fla_ns):
+                def fb_fla():
+                    o, _ = fla_chunk(*xg, n)
+                    o.backward(do)
+                try:
+                    row["fla_fwdbwd"] = bench(fb_fla, warmup=5, rep=50)
+                except Exception as e:  # noqa: BLE001
+                    row["fla_fwdbwd"] = f"error: {type(e).__name__}: {str(e)[:80]}"
+            rows.append(row)
+            say(json.dumps(row))
+            with open(os.path.join(args.out, "kernels_rows.jsonl"), "a") as f:
+                f.write(json.dumps(row) + "\n")
+            del xs, xg
+            torch.cuda.empty_cache()
+
     with open(os.path.join(args.out, "kernels_bench.json"), "w") as f:
         json.dump(dict(rows=rows, decode=dec, bw=bw, mm=mm, log=log), f, indent=1)
 
@@ -188,7 +197,7 @@ def main():
     for r in rows:
         ratio = r["fla_fwd"] / r["ours_fwd"] if isinstance(r.get("fla_fwd"), float) else None
         lines.append(f"| {r['n']} | {r['gated']} | {fmt(r['ours_fwd'])} | {fmt(r.get('fla_fwd'))} | "
-                     f"{fmt(ratio)} | {fmt(r['ours_fwdbwd'])} | {fmt(r.get('fla_fwdbwd'))} | "
+                     f"{fmt(ratio)} | {fmt(r.get('ours_fwdbwd'))} | {fmt(r.get('fla_fwdbwd'))} | "
                      f"{r['floor_bytes_ms']:.3f} / {r['floor_flops_ms']:.3f} |")
     table = "\n".join(lines)
     print(table)

@@ -72,8 +72,8 @@ def _store_rows(p, x, row0, ld, o_c, m_c):
 @triton.jit
 def chunk_dp_fwd_kernel_prepare(
     k, v, beta, g, w, u, kd, gamma, G, chunk_bos, chunk_len,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_G: tl.constexpr, PREC: tl.constexpr,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, BL: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, USE_G: tl.constexpr, PREC: tl.constexpr,
 ):
     i_c, i_h = tl.program_id(0), tl.program_id(1)
     i_ch = i_c.to(tl.int64) * H + i_h
@@ -173,6 +173,6 @@ def chunk_dp_fwd_prepare(k, v, beta, g, tab: ChunkTable, prec: str):
     gamma = k.new_empty(tab.NC, H, dtype=torch.float32)
     G = k.new_empty(tab.NC, H, BL, dtype=torch.float32)
     chunk_dp_fwd_kernel_prepare[(tab.NC, H)](
-        k, v, beta, g, w, u, kd, gamma, G, tab.chunk_bos, tab.chunk_len, H=H, K=K, V=V, NH=tab.n,
+        k, v, beta, g, w, u, kd, gamma, G, tab.chunk_bos, tab.chunk_len, H=H, K=K, V=V, NH=tab.n, BL=BL,
         BK=next_pow2(K), BV=min(64, next_pow2(V)), USE_G=g is not None, PREC=prec)
     return w, u, kd, gamma, G
