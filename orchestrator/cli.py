@@ -137,6 +137,11 @@ def _submit(recipe: str, overrides: list[str], wait: bool, workspace: Optional[s
         store.update_submission(sub_id, driver_pid=pid, driver_host=__import__("socket").gethostname(),
                                 heartbeat=time.time())
         out.print(f"driver pid {pid}; log {ws.drivers / (sub_id + '.log')}")
+        if ex.meta.hardware.backend == "slurm" and not wait:  # return once sbatch has accepted the arrays
+            from .backends.slurm import wait_accepted
+
+            jobs = wait_accepted(store, sub_id)
+            out.print(f"sbatch accepted: Slurm job {', '.join(jobs)}" if jobs else "no Slurm job yet: see `dpx status`")
     if wait:
         from .progress import watch
 
@@ -293,6 +298,54 @@ def ui(port: int = typer.Option(5000), host: str = typer.Option("127.0.0.1"), wo
            "--port", str(port), "--workers", "1", "--default-artifact-root", ws.mlflow_artifacts.as_uri()]
     out.print(f"MLflow UI on http://{host}:{port} (Ctrl-C stops it)")
     os.execvpe(cmd[0], cmd, env)
+
+
+@app.command()
+def server(host: str = typer.Option("127.0.0.1", help="interface to listen on (0.0.0.0: every node may connect)"),
+           port: int = typer.Option(5000),
+           store: Optional[str] = typer.Option(None, help="SQL store URI (default sqlite:///<workspace>/mlflow.db; "
+                                               "or postgresql://user:pass@host/db)"),
+           artifacts: Optional[str] = typer.Option(None, help="artifact root (default <workspace>/mlruns)"),
+           detach: bool = typer.Option(False, "--detach", help="start in the background and return"),
+           stop_it: bool = typer.Option(False, "--stop", help="stop the server `--detach` started"),
+           workspace: Optional[str] = WS_OPT):
+    """Run a lean MLflow tracking server that drivers and workers on other nodes log to by URI."""
+    from . import server as srv
+
+    ws = _ws(workspace).create()
+    if stop_it:
+        st = srv.read_state(ws)
+        if not st:
+            _fail(f"no detached server recorded in {srv.state_file(ws)}", 1)
+        srv.stop(int(st["pid"]))
+        srv.state_file(ws).unlink(missing_ok=True)
+        out.print(f"stopped the MLflow server at {st['uri']} (pid {st['pid']})")
+        return
+    store = store or f"sqlite:///{ws.mlflow_db}"
+    try:
+        srv.check_store(store)
+    except ValueError as e:
+        _fail(f"--store: {e}")
+    uri = srv.public_uri(host, port)
+    log = ws.root / "server.log"
+    proc = srv.start(store, artifacts or ws.mlflow_artifacts, host, port, log=log)
+    try:
+        took = srv.wait_healthy(f"http://{host}:{port}", proc)
+    except RuntimeError as e:
+        srv.stop(proc.pid)
+        tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-2:])[-300:] if log.exists() else ""
+        _fail(f"{e}; {log}: {tail}", 1)
+    out.print(f"MLflow server up in {took:.1f}s (pid {proc.pid}), store {store}, log {log}")
+    out.print(f"tracking URI: {uri}\n  in a recipe:  tracking: {{mlflow_uri: {uri}}}\n"
+              f"  or:           export DPX_MLFLOW_URI={uri}")
+    if detach:
+        srv.state_file(ws).write_text(json.dumps({"pid": proc.pid, "uri": uri, "store": store}))
+        out.print("detached; `dpx server --stop` stops it")
+        return
+    try:
+        proc.wait()
+    except KeyboardInterrupt:
+        srv.stop(proc.pid)
 
 
 def main() -> None:
