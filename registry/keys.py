@@ -135,7 +135,7 @@ def beta_range(cfg: dict) -> str | None:
     return "[-1,1]" if neg else "[0,1]"
 
 
-def model_label(cfg: dict) -> str:
+def model_label(cfg: dict) -> str | None:
     """The paper's row name for a trial's model: DeltaNet, DeltaProduct_2, Gated DeltaProduct_3, or the family."""
     fam = str(lookup(cfg, "family") or "").lower()
     n_h = lookup(cfg, "n_h")
@@ -145,7 +145,7 @@ def model_label(cfg: dict) -> str:
         n = _int(n_h) or 1
         name = "DeltaNet" if n == 1 else f"DeltaProduct_{n}"
         return f"Gated {name}" if gated else name
-    return fam or "unknown"
+    return fam or None  # no model section (e.g. the debug task)
 
 
 def size_label(cfg: dict, num_params: float | None) -> str | None:

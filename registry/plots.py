@@ -215,12 +215,60 @@ def _save(fig, out: Path) -> Path:
     return out
 
 
-FIGURES = {"fig5": fig5, "fig8": fig8, "fig9": fig9, "fig4": fig4}
+KNOWN_CURVES = f"^({K.CURVE_ACC_AT_POS}|{K.CURVE_LOSS_AT_POS}(/.+)?|{K.CURVE_ERANK}/.*)$"
+MAX_PANELS, MAX_LINES = 6, 12
+
+
+def other_curves(db_path, out: Path, recipe: str | None = None) -> Path | None:
+    """Curves no paper figure uses (e.g. a task's own accuracy vs length): one panel per key, one line per trial."""
+    where = views.recipe_filter(recipe)
+    data = _rows(db_path, f"""
+        SELECT t.trial_id, t.model_label AS label, c.key,
+               list(c.x ORDER BY c.x) AS xs, list(c.y ORDER BY c.x) AS ys
+        FROM trials t JOIN curves c USING (trial_id)
+        WHERE t.status = 'completed' AND ({where}) AND NOT regexp_matches(c.key, ?)
+        GROUP BY ALL ORDER BY c.key, t.trial_id""", [KNOWN_CURVES])
+    return _panels(data, out, "curves (x = position or length)", "x")
+
+
+def training_curves(db_path, out: Path, recipe: str | None = None) -> Path | None:
+    """Loss-like scalars against the training step (keys containing 'loss'), one line per trial."""
+    where = views.recipe_filter(recipe)
+    data = _rows(db_path, f"""
+        SELECT t.trial_id, t.model_label AS label, m.key,
+               list(m.step ORDER BY m.step) AS xs, list(m.value ORDER BY m.step) AS ys
+        FROM trials t JOIN metrics m USING (trial_id)
+        WHERE t.status = 'completed' AND ({where}) AND m.key LIKE '%loss%' AND m.step IS NOT NULL
+        GROUP BY ALL HAVING count(*) > 1 ORDER BY m.key, t.trial_id""")
+    return _panels(data, out, "training curves", "step")
+
+
+def _panels(data: list[dict], out: Path, title: str, xlabel: str) -> Path | None:
+    keys_ = sorted({d["key"] for d in data})[:MAX_PANELS]
+    if not keys_:
+        return None
+    fig, axes = plt.subplots(1, len(keys_), figsize=(4 * len(keys_), 3.2), squeeze=False)
+    for ax, key in zip(axes[0], keys_):
+        mine = [d for d in data if d["key"] == key]
+        for d in mine[:MAX_LINES]:
+            y = np.array([np.nan if v is None else v for v in d["ys"]], float)
+            ax.plot(d["xs"], y, lw=1.2, label=f"{d['label']} ({d['trial_id'][:6]})" if d["label"] else d["trial_id"])
+        ax.set_title(key + (f" ({len(mine) - MAX_LINES} more trials not drawn)" if len(mine) > MAX_LINES else ""),
+                     fontsize=9)
+        ax.set_xlabel(xlabel)
+        ax.legend(fontsize=6)
+    fig.suptitle(title, y=1.04)
+    return _save(fig, out)
+
+
+FIGURES = {"fig5": fig5, "fig8": fig8, "fig9": fig9, "fig4": fig4, "curves": other_curves,
+           "training": training_curves}
 
 
 def write_plots(db_path: str | os.PathLike, out_dir: str | os.PathLike, recipe: str | None = None,
                 tables: tuple[str, ...] = ("table2", "table3", "table4", "fig5")) -> list[Path]:
-    """Write fig4/5/8/9.png and <table>_table.png (only those with our data) into out_dir; return the paths."""
+    """Write fig4/5/8/9.png, curves.png (other curves), training.png (loss vs step) and <table>_table.png (only
+    those with our data) into out_dir; return the paths."""
     out_dir = Path(out_dir)
     paths = []
     for name, fn in FIGURES.items():

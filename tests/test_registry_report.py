@@ -75,6 +75,17 @@ def test_write_plots_makes_real_pngs(tmp_path, demo):
     assert plots.write_plots(db, tmp_path / "none", recipe="waiting") == []
 
 
+def test_other_curves_and_training_curves_are_plotted(tmp_path):
+    rng = random.Random(2)
+    t = make_trial(tmp_path, "own", "t", dp(2), {"name": "formal_language", "language": "parity"},
+                   summary={keys.SCALED_ACC: 0.5}, scalars={s: {"train/loss": rng.random()} for s in range(20)},
+                   curves={"acc_vs_len": (list(range(40, 80)), [rng.random() for _ in range(40)])})
+    db = tmp_path / "r.duckdb"
+    ingest(db, [t])
+    names = {p.name for p in plots.write_plots(db, tmp_path / "figs", tables=())}
+    assert names == {"curves.png", "training.png"}
+
+
 def test_report_is_self_contained_with_tables_and_figures(tmp_path, demo):
     db = demo
     out = report(db, "demo", tmp_path / "out" / "demo.html")
