@@ -257,7 +257,7 @@ def botchan_documents(lines_per_doc: int = 40) -> list[str]:
     with gzip.open(DATA_DIR / "botchan.txt.gz", "rt", encoding="utf-8-sig") as f:
         lines = f.read().splitlines()
     start = next(i for i, l in enumerate(lines) if l.startswith("*** START OF")) + 1
-    end = next(i for i, l in enumerate(lines) if l.startswith("*** END OF"))
+    end = next(i for i, l in enumerate(lines) if l.startswith(("*** END OF", "End of Project Gutenberg")))
     body = [l for l in lines[start:end]]
     return ["\n".join(body[i:i + lines_per_doc]) for i in range(0, len(body), lines_per_doc)]
 
@@ -291,7 +291,10 @@ def math_synth_documents(n: int = 20000, seed: int = 0) -> list[str]:
     """Generated problems with worked solutions, formatted "Problem: ..., Solution: ..." like OpenThoughts-math.
     Fixed by `seed` (the same corpus on every machine)."""
     rng = random.Random(seed)
-    return [format_row(_math_problem(rng), "math") for _ in range(n)]
+    seen: dict[str, None] = {}  # unique problems, in generation order, so a split never repeats one
+    while len(seen) < n:
+        seen.setdefault(format_row(_math_problem(rng), "math"))
+    return list(seen)
 
 
 def _math_problem(rng: random.Random) -> dict:
@@ -306,7 +309,8 @@ def _math_problem(rng: random.Random) -> dict:
         c = a * x + b
         sb = f"+ {b}" if b >= 0 else f"- {-b}"
         return {"problem": f"Solve {a}x {sb} = {c} for x.",
-                "solution": f"Subtract {b} from both sides: {a}x = {c - b}. Divide by {a}: x = {x}. The answer is {x}."}
+                "solution": (f"Subtract {b} from both sides" if b >= 0 else f"Add {-b} to both sides")
+                + f": {a}x = {c - b}. Divide by {a}: x = {x}. The answer is {x}."}
     if kind == 2:  # remainders
         a, m = rng.randint(10, 9999), rng.randint(2, 13)
         q, r = divmod(a, m)
