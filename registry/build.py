@@ -303,12 +303,17 @@ def _build(con: duckdb.DuckDBPyConnection, trials: list[dict], stats: dict) -> N
     for name, sql in views.PAPER_VIEWS.items():
         con.execute(f"CREATE VIEW {name} AS {sql()}")
     recipes = sorted({r["recipe"] for r in rows if r["recipe"]})
+    taken: set[str] = set(views.PAPER_VIEWS)
+    con.execute("CREATE TABLE recipes (recipe VARCHAR, view_name VARCHAR, n_trials INTEGER)")
     for recipe in recipes:
         mine = [(r, f) for r, f in zip(rows, flats) if r["recipe"] == recipe]
         cfg_cols = sorted({k for _, f in mine for k, v in f.items() if v is not None})
-        skeys = sorted({k for tid, k, _, _ in summary if tid in {r["trial_id"] for r, _ in mine}})
-        con.execute(f"CREATE VIEW {views.ident(views.view_name_for_recipe(recipe))} AS "
-                    f"{views.recipe_view(recipe, cfg_cols, skeys)}")
+        ids = {r["trial_id"] for r, _ in mine}
+        skeys = sorted({k for tid, k, _, _ in summary if tid in ids})
+        view = views.view_name_for_recipe(recipe, taken)
+        taken.add(view)
+        con.execute(f"CREATE VIEW {views.ident(view)} AS {views.recipe_view(recipe, cfg_cols, skeys)}")
+        con.execute("INSERT INTO recipes VALUES (?, ?, ?)", [recipe, view, len(mine)])
     stats["recipes"] = recipes
     con.execute("CREATE TABLE meta (key VARCHAR, value VARCHAR)")
     con.execute("INSERT INTO meta VALUES ('schema_version', ?), ('built_at', ?), ('trials', ?)",

@@ -157,8 +157,13 @@ SELECT trial_id, model, n_h, gated, layer, head, train_ctx,
 FROM c WHERE layer IS NOT NULL GROUP BY ALL ORDER BY model, layer, head"""
 
 
-def view_name_for_recipe(recipe: str) -> str:
-    return "recipe_" + re.sub(r"\W", "_", recipe).lower()
+def view_name_for_recipe(recipe: str, taken: set[str] | None = None) -> str:
+    """recipe_<name> with non-word characters as '_'; a suffix when two recipes map to the same name."""
+    base = "recipe_" + re.sub(r"\W", "_", recipe).lower()
+    name, i = base, 2
+    while taken is not None and name in taken:
+        name, i = f"{base}_{i}", i + 1
+    return name
 
 
 def recipe_view(recipe: str, config_cols: list[str], summary_keys: list[str]) -> str:
@@ -167,7 +172,10 @@ def recipe_view(recipe: str, config_cols: list[str], summary_keys: list[str]) ->
     fixed = ("trial_id, status, attempts, model_label, n_h, beta_range, num_layers, size_label, task_name, "
              "group_name, language, dataset, seed, duration_s, host, device, error")
     cfg = "".join(f", t.{ident(c)}" for c in config_cols)
-    piv = "".join(f",\n  max(s.value) FILTER (WHERE s.key = {lit(k)}) AS {ident(k)}" for k in summary_keys)
+    used = {c.strip().lower() for c in fixed.split(",")} | {c.lower() for c in config_cols}
+    # a summary key that names a column already there (DuckDB names are case-insensitive) gets a summary__ prefix
+    piv = "".join(f",\n  max(s.value) FILTER (WHERE s.key = {lit(k)}) AS "
+                  f"{ident(('summary__' + k) if k.lower() in used else k)}" for k in summary_keys)
     fixed_t = ", ".join(f"t.{c.strip()}" for c in fixed.split(","))
     return f"""
 SELECT {fixed_t}{cfg}{piv}

@@ -166,3 +166,81 @@ def test_readers_see_whole_databases_while_ingest_rebuilds(tmp_path):
     held.close()
     assert query(db, "SELECT count(*) FROM trials")[1] == [(3,)]
     assert not list(tmp_path.glob(".r.duckdb.*.tmp*"))  # temp files are renamed, not left behind
+
+
+def _random_leaf(rng: random.Random):
+    kind = rng.choice(["int", "float", "bool", "str", "list", "none"])
+    return {"int": lambda: rng.randint(-10**12, 10**12), "float": lambda: rng.uniform(-1e6, 1e6),
+            "bool": lambda: rng.random() < 0.5, "str": lambda: rng.choice(["a", "b c", "ü", "[0,1]", "1e3"]),
+            "list": lambda: [rng.randint(0, 9) for _ in range(rng.randint(0, 3))], "none": lambda: None}[kind]()
+
+
+def test_flattened_config_columns_round_trip_random_configs(tmp_path):
+    rng = random.Random(123)
+    names = [f"k{i}" for i in range(8)]
+    trials = []
+    for i in range(6):
+        model = {n: _random_leaf(rng) for n in rng.sample(names, 5)}
+        model["sub"] = {"x": _random_leaf(rng), "deep": {"y": _random_leaf(rng)}}
+        trials.append(make_trial(tmp_path, "rand", f"t{i}", model, {"name": "debug"}))
+    db = tmp_path / "r.duckdb"
+    ingest(db, trials)
+    types = dict(query(db, "SELECT column_name, data_type FROM information_schema.columns "
+                           "WHERE table_name = 'trials'")[1])
+    cols, rows = query(db, "SELECT * FROM trials ORDER BY trial_id")
+    got = {r[0]: dict(zip(cols, r)) for r in rows}
+    checked = 0
+    for t in trials:
+        flat = {f"model__{k}": v for k, v in t["config"]["model"].items() if k != "sub"}
+        flat.update({"model__sub__x": t["config"]["model"]["sub"]["x"],
+                     "model__sub__deep__y": t["config"]["model"]["sub"]["deep"]["y"]})
+        for col, want in flat.items():
+            v = got[t["trial_id"]][col]
+            typ = types[col]
+            if want is None:
+                assert v is None
+            elif typ == "VARCHAR":  # mixed types across trials, or strings/lists: text (JSON for non-strings)
+                assert v == (want if isinstance(want, str) else json.dumps(want))
+            elif typ == "DOUBLE":
+                assert v == pytest.approx(float(want), rel=1e-15)
+            else:
+                assert v == want and type(v) is type(want)
+            checked += 1
+    assert checked >= 40
+
+
+def test_recipe_views_survive_name_and_column_collisions(tmp_path):
+    a = make_trial(tmp_path, "a-b", "x", dp(1), summary={"seed": 7.0, "Status": 1.0, "score": 2.0})
+    b = make_trial(tmp_path, "a_b", "y", dp(2), summary={"score": 3.0})
+    db = tmp_path / "r.duckdb"
+    stats = ingest(db, [a, b])
+    assert stats["recipes"] == ["a-b", "a_b"]
+    views_ = dict(query(db, "SELECT recipe, view_name FROM recipes")[1])
+    assert views_ == {"a-b": "recipe_a_b", "a_b": "recipe_a_b_2"}
+    cols, rows = query(db, "SELECT * FROM recipe_a_b")
+    row = dict(zip(cols, rows[0]))
+    assert (row["seed"], row["summary__seed"], row["summary__Status"], row["score"]) == (0, 7.0, 1.0, 2.0)
+    assert query(db, "SELECT trial_id, score FROM recipe_a_b_2")[1] == [("y", 3.0)]
+
+
+def test_concurrent_ingests_both_finish_and_leave_a_whole_database(tmp_path):
+    import threading
+
+    trials = [make_trial(tmp_path, "r", f"t{i}", dp(1), summary={"v": float(i)}) for i in range(4)]
+    db = tmp_path / "r.duckdb"
+    errors = []
+
+    def run(ts):
+        try:
+            ingest(db, ts)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(trials[:n],)) for n in (2, 4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    n = query(db, "SELECT count(*) FROM trials")[1][0][0]
+    assert n in (2, 4) and query(db, "SELECT count(*) FROM summary")[1][0][0] == n
