@@ -5,7 +5,10 @@
 Shape (issue 4): B=4, T=4096, H=16, d_k=d_v=128, bf16; n_h 1-4, gated and not; forward and forward+backward.
 Floors: bytes moved / measured device-to-device copy bandwidth, FLOPs of the chunkwise algorithm / measured bf16
 matmul rate (both measured in this run). Decode: batch 64, H=16, d=128, float32 state, one token per step.
-fla-core is used when importable (carried as a wheel); it is never required.
+fla-core is used when importable (carried as a wheel); it is never required. To carry it to a GPU machine:
+    pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl fla-core==0.6.0 einops==0.8.2
+fla autotunes on first use (minutes for all rows): use --fla-ns to limit it. Results and the command go to
+BENCHMARKS.md ("kernels" section).
 """
 from __future__ import annotations
 
