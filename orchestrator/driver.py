@@ -80,9 +80,11 @@ class Driver:
         self.tracking = json.loads(rows[0]["config"]).get("tracking", {}) if rows else {}
         self.backend = make_backend(self.hardware, ws)
         self.mine: dict[str, dict] = {}  # trial_id → {"attempt", "started", "timeout_at", "cancel"}
-        self.tracker = None
+        self.tracker = self.forwarder = None
         self.exp_id = self.parent_id = None
         self.last_forward = 0.0
+        self.queue: list[str] = []
+        self.queue_at = 0.0
         self.timeout_s = (self.hardware.get("timeout_min") or 0) * 60 or None
         self.max_retries = int(self.hardware.get("max_retries") or 0)
 
@@ -91,17 +93,23 @@ class Driver:
         if self.tracking.get("enabled") is False:
             return
         try:
-            from .tracking import Tracker
+            from .tracking import Forwarder, Tracker, enable_wal, mlflow_lock
 
-            self.tracker = Tracker(self.ws.mlflow_uri(self.tracking.get("mlflow_uri")), self.ws.mlflow_artifacts)
-            self.exp_id = self.tracker.experiment(self.tracking.get("experiment") or self.recipe)
-            sub = self.store.submission(self.sub_id)
-            self.parent_id = self.tracker.parent_run(self.exp_id, self.sub_id, self.recipe, sub["file"], len(self.order))
+            uri = self.ws.mlflow_uri(self.tracking.get("mlflow_uri"))
+            with mlflow_lock(self.ws.root):  # experiment and parent run exist before any trial starts
+                self.tracker = Tracker(uri, self.ws.mlflow_artifacts)
+                self.exp_id = self.tracker.experiment(self.tracking.get("experiment") or self.recipe)
+                enable_wal(uri)
+                sub = self.store.submission(self.sub_id)
+                self.parent_id = self.tracker.parent_run(self.exp_id, self.sub_id, self.recipe, sub["file"],
+                                                         len(self.order))
             self.store.update_submission(self.sub_id, mlflow_experiment_id=self.exp_id,
                                          mlflow_parent_run_id=self.parent_id)
+            self.forwarder = Forwarder(self.tracker, self.ws.state_db, self.recipe, self.exp_id, self.parent_id)
+            self.forwarder.start()
         except Exception as e:  # noqa: BLE001
             print(f"[driver] MLflow unavailable, run dirs only (dpx sync later): {e}", flush=True)
-            self.tracker = None
+            self.tracker = self.forwarder = None
 
     def _mlflow(self, fn, *args):
         if self.tracker is None:
@@ -134,32 +142,47 @@ class Driver:
                 self._finalize(out)
                 busy = True
             self._check_timeouts(now)
-            if self.tracker is not None and now - self.last_forward > 2.0:
-                self._forward_running()
+            if self.forwarder is not None and now - self.last_forward > 3.0:
+                for tid, info in self.mine.items():  # live curves for trials that run long enough to watch
+                    if now - info["started"] > 3.0:
+                        self.forwarder.put("progress", tid)
                 self.last_forward = now
             if final_state != "cancelled":
                 busy |= self._start_more()
             if not self.mine and not self._pending_left():
                 break
-            time.sleep(0.01 if busy else 0.1)
+            time.sleep(0.005 if busy else 0.02 if self.mine else 0.1)
         self._close_parent(final_state)
         self.store.update_submission(self.sub_id, state=final_state, ended_at=time.time())
         self.backend.close()
+        import resource
+
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        print(f"[driver] {self.sub_id} {final_state}: {len(self.order)} trials; driver CPU "
+              f"{ru.ru_utime + ru.ru_stime:.1f} s, max RSS {ru.ru_maxrss // 1024} MiB", flush=True)
+
+    def _refresh_queue(self) -> None:
+        """Pending trials of this submission, in grid order (a light query: ids only)."""
+        self.queue = [r[0] for r in self.store.q(
+            "SELECT t.trial_id FROM trials t JOIN submission_trials s ON s.recipe = t.recipe AND "
+            "s.trial_id = t.trial_id WHERE s.submission_id = ? AND t.status = 'pending' ORDER BY s.seq",
+            (self.sub_id,))]
+        self.queue_at = time.time()
 
     def _pending_left(self) -> bool:
-        """Pending trials of this submission, or trials of it another live driver is running (we wait for those
-        only when they are ours to adopt, which _adopt_orphans handles)."""
-        return any(r["status"] == "pending" for r in self.store.trials(submission=self.sub_id))
+        if not self.queue:
+            self._refresh_queue()
+        return bool(self.queue)
 
     def _start_more(self) -> bool:
         started = False
         if self.backend.capacity() <= 0:
             return False
-        pending = [r for r in self.store.trials(submission=self.sub_id) if r["status"] == "pending"]
-        for row in pending:
-            if self.backend.capacity() <= 0:
-                break
-            claimed = self.store.claim(self.recipe, row["trial_id"], self.sub_id)
+        if not self.queue or time.time() - self.queue_at > HEARTBEAT_S:
+            self._refresh_queue()  # picks up trials requeued by retries, preemption or `rerun`
+        while self.queue and self.backend.capacity() > 0:
+            tid = self.queue.pop(0)
+            claimed = self.store.claim(self.recipe, tid, self.sub_id)
             if claimed is None:
                 continue
             self._launch(claimed)
@@ -177,14 +200,9 @@ class Driver:
             self.store.set_trial(self.recipe, tid, status="failed", ended_at=time.time(),
                                  error=f"cannot write run dir {run_dir}: {e.strerror or e}")
             return
-        run_id = row["mlflow_run_id"]
-        if run_id is None and self.tracker is not None:
-            run_id = self._mlflow(self.tracker.child_run, self.exp_id, self.parent_id, dict(row))
-            if run_id:
-                self.store.set_trial(self.recipe, tid, mlflow_run_id=run_id, mlflow_offset=0, mlflow_done=0)
-        elif run_id and self.tracker is not None:
-            self._mlflow(self.tracker.client.update_run, run_id, "RUNNING")
+        if row["mlflow_run_id"] and self.forwarder is not None:  # a new attempt continues the trial's MLflow run
             self.store.set_trial(self.recipe, tid, mlflow_done=0)
+            self.forwarder.put("restart", tid)
         launch = Launch(self.recipe, tid, run_dir, row["attempts"], json.loads(row["config"]))
         try:
             handle = self.backend.start(launch)
@@ -236,26 +254,8 @@ class Driver:
                                  error=f"attempt {attempt} failed, retrying: {error}"[:1000])
             return
         self.store.set_trial(self.recipe, out.trial_id, status=status, ended_at=now, error=error)
-        self._finish_mlflow(self.store.q("SELECT * FROM trials WHERE recipe = ? AND trial_id = ?",
-                                         (self.recipe, out.trial_id))[0], status, error)
-
-    def _finish_mlflow(self, row, status: str, error: str | None) -> None:
-        if self.tracker is None or not row["mlflow_run_id"]:
-            return
-        off = self._mlflow(self.tracker.forward, row["mlflow_run_id"], Path(row["run_dir"]), row["mlflow_offset"] or 0)
-        if off is None:
-            return
-        ok = self._mlflow(self.tracker.finish, row["mlflow_run_id"], Path(row["run_dir"]), status, error)
-        self.store.set_trial(self.recipe, row["trial_id"], mlflow_offset=off, mlflow_done=1 if ok else 0)
-
-    def _forward_running(self) -> None:
-        for tid in list(self.mine):
-            rows = self.store.q("SELECT * FROM trials WHERE recipe = ? AND trial_id = ?", (self.recipe, tid))
-            if rows and rows[0]["mlflow_run_id"]:
-                off = self._mlflow(self.tracker.forward, rows[0]["mlflow_run_id"], Path(rows[0]["run_dir"]),
-                                   rows[0]["mlflow_offset"] or 0)
-                if off is not None and off != rows[0]["mlflow_offset"]:
-                    self.store.set_trial(self.recipe, tid, mlflow_offset=off)
+        if self.forwarder is not None:
+            self.forwarder.put("final", out.trial_id)
 
     def _check_timeouts(self, now: float) -> None:
         if not self.timeout_s:
@@ -296,6 +296,7 @@ class Driver:
     def _close_parent(self, state: str) -> None:
         if self.tracker is None or self.parent_id is None:
             return
+        self.forwarder.close()
         figures = []
         try:  # recipe-level figures (Fig. 4/5/8/9, tables) from the registry, logged on the parent run
             from dpx.registry.plots import write_plots

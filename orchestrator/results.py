@@ -128,17 +128,13 @@ def sync_mlflow(ws) -> int:
         cfg = json.loads(r["config"])
         exp_name = (cfg.get("tracking") or {}).get("experiment") or r["recipe"]
         exp_id = tracker.experiment(exp_name)
-        run_id = r["mlflow_run_id"]
-        if not run_id:
-            if r["recipe"] not in parents:
-                sub = store.submission(r["submission_id"]) if r["submission_id"] else None
-                pid = sub["mlflow_parent_run_id"] if sub is not None else None
-                if not pid:
-                    pid = tracker.parent_run(exp_id, f"sync-{time.strftime('%Y%m%d-%H%M%S')}", r["recipe"], "", 0)
-                parents[r["recipe"]] = (exp_id, pid)
-            run_id = tracker.child_run(exp_id, parents[r["recipe"]][1], dict(r))
-        off = tracker.forward(run_id, Path(r["run_dir"]), 0)  # replay all: MLflow drops exact duplicates
-        tracker.finish(run_id, Path(r["run_dir"]), r["status"], r["error"])
+        if r["recipe"] not in parents:
+            sub = store.submission(r["submission_id"]) if r["submission_id"] else None
+            pid = sub["mlflow_parent_run_id"] if sub is not None else None
+            if not pid:
+                pid = tracker.parent_run(exp_id, f"sync-{time.strftime('%Y%m%d-%H%M%S')}", r["recipe"], "", 0)
+            parents[r["recipe"]] = (exp_id, pid)
+        run_id, off = tracker.sync_trial(exp_id, parents[r["recipe"]][1], dict(r), final=True)
         store.set_trial(r["recipe"], r["trial_id"], mlflow_run_id=run_id, mlflow_offset=off, mlflow_done=1)
         n += 1
     for exp_id, pid in parents.values():

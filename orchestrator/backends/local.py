@@ -6,11 +6,13 @@ set per trial through CUDA_VISIBLE_DEVICES.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -48,6 +50,11 @@ class LocalBackend(Backend):
         self.cancel_reason: dict[tuple[str, str], str] = {}
         self.kill_at: dict[tuple[str, str], float] = {}  # SIGTERM first (checkpoint), SIGKILL after the grace
         self.grace_s = float(os.environ.get("DPX_KILL_GRACE_S", "20"))
+        self.use_fork = os.environ.get("DPX_FORKSERVER", "1") != "0"
+        self.fs: ForkServer | None = None
+        self.forked: set[int] = set()
+        if self.use_fork:  # start it now: its imports (torch) overlap the driver's MLflow set-up
+            self._forkserver()
 
     @classmethod
     def check(cls, hardware: dict, workspace) -> None:
@@ -77,14 +84,35 @@ class LocalBackend(Backend):
         threads = launch.config.get("hardware", {}).get("threads_per_trial") or max(
             1, int(float(launch.config.get("hardware", {}).get("cpus_per_trial") or 1)))
         env.setdefault("OMP_NUM_THREADS", str(threads))
-        log = open(Path(launch.run_dir) / "log.txt", "ab")
-        log.write(f"\n===== attempt {launch.attempt} {time.strftime('%Y-%m-%d %H:%M:%S')} =====\n".encode())
-        log.flush()
-        proc = subprocess.Popen(launch.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, cwd=str(launch.run_dir), start_new_session=True)
-        log.close()
-        self.procs[(launch.recipe, launch.trial_id)] = (proc, launch.attempt, gpus, str(launch.run_dir))
+        log_path = Path(launch.run_dir) / "log.txt"
+        with open(log_path, "ab") as log:
+            log.write(f"\n===== attempt {launch.attempt} {time.strftime('%Y-%m-%d %H:%M:%S')} =====\n".encode())
+        key = (launch.recipe, launch.trial_id)
+        fs = self._forkserver()
+        if fs is not None:
+            extra = {k: v for k, v in env.items() if os.environ.get(k) != v}
+            pid = fs.spawn(str(launch.run_dir), launch.attempt, extra, str(log_path))
+            if pid is not None:
+                self.procs[key] = (pid, launch.attempt, gpus, str(launch.run_dir))
+                self.forked.add(pid)
+                return str(pid)
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(launch.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=env, cwd=str(launch.run_dir), start_new_session=True)
+        self.procs[key] = (proc, launch.attempt, gpus, str(launch.run_dir))
         return str(proc.pid)
+
+    def _forkserver(self) -> "ForkServer | None":
+        """The fork server, started on first use; None (plain processes) when disabled or broken."""
+        if self.fs is None and self.use_fork:
+            try:
+                self.fs = ForkServer()
+            except Exception as e:  # noqa: BLE001
+                print(f"[local] fork server unavailable, starting trials as plain processes: {e}", flush=True)
+                self.use_fork = False
+        if self.fs is not None and not self.fs.alive():
+            self.fs, self.use_fork = None, False
+        return self.fs
 
     def adopt(self, recipe: str, trial_id: str, handle: str, run_dir: Path, attempt: int) -> bool:
         try:
@@ -102,7 +130,13 @@ class LocalBackend(Backend):
         for key, (proc, attempt, gpus, _) in list(self.procs.items()):
             if key in self.kill_at and now > self.kill_at[key]:
                 _kill_group(proc if isinstance(proc, int) else proc.pid, signal.SIGKILL)
-            if isinstance(proc, int):  # adopted: not our child, no exit code
+            if isinstance(proc, int) and proc in self.forked:  # forked by the fork server: it reports the exit
+                code = self.fs.exit_code(proc) if self.fs is not None else None
+                if code is None:
+                    if self.fs is not None and self.fs.alive() or pid_alive(proc):
+                        continue
+                self.forked.discard(proc)
+            elif isinstance(proc, int):  # adopted: not our child, no exit code
                 if pid_alive(proc):
                     continue
                 code = None
@@ -127,7 +161,72 @@ class LocalBackend(Backend):
         _kill_group(pid, signal.SIGTERM)
 
     def close(self) -> None:
-        pass
+        if self.fs is not None:
+            self.fs.close()
+
+
+class ForkServer:
+    """Client side of forkserver.py: a child process that forks trial attempts on request."""
+
+    def __init__(self):
+        import queue
+        import threading
+
+        self.proc = subprocess.Popen([sys.executable, "-m", "dpx.orchestrator.backends.forkserver"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, text=True,
+                                     bufsize=1, start_new_session=True)
+        self.replies: "queue.Queue[dict]" = queue.Queue()
+        self.exits: dict[int, int] = {}
+        self.lock = threading.Lock()
+        self.n = 0
+        self.ready = False
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _wait_ready(self, timeout: float = 300) -> None:
+        if not self.ready:
+            msg = self.replies.get(timeout=timeout)
+            if "ready" not in msg:
+                raise RuntimeError(f"unexpected fork server greeting {msg}")
+            self.ready = True
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if "exit" in msg:
+                with self.lock:
+                    self.exits[msg["pid"]] = msg["exit"]
+            else:
+                self.replies.put(msg)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def spawn(self, run_dir: str, attempt: int, env: dict, log: str, timeout: float = 60) -> int | None:
+        import queue
+
+        self.n += 1
+        try:
+            self._wait_ready()
+            self.proc.stdin.write(json.dumps({"id": self.n, "run_dir": run_dir, "attempt": attempt, "env": env,
+                                              "log": log}) + "\n")
+            self.proc.stdin.flush()
+            msg = self.replies.get(timeout=timeout)
+        except (OSError, queue.Empty, RuntimeError):
+            return None
+        return int(msg["pid"]) if msg.get("id") == self.n else None
+
+    def exit_code(self, pid: int) -> int | None:
+        with self.lock:
+            return self.exits.pop(pid, None)
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()  # the server reaps what still runs, then exits
+        except OSError:
+            pass
 
 
 def _kill_group(pid: int, sig: int) -> None:
