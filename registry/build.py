@@ -84,7 +84,10 @@ def _text(v: Any, sql_type: str) -> str | None:
     if sql_type == "BOOLEAN":
         return "true" if v else "false"
     if sql_type in ("BIGINT", "DOUBLE"):
-        return repr(v) if isinstance(v, float) else str(int(v))
+        try:
+            return repr(float(v)) if isinstance(v, float) or sql_type == "DOUBLE" else str(int(v))
+        except (TypeError, ValueError):  # e.g. a string seed in a hand-written config: NULL, not a crash
+            return None
     if sql_type == "JSON":
         return json.dumps(v, sort_keys=True, default=str)
     return v if isinstance(v, str) else json.dumps(v, sort_keys=True, default=str)
@@ -120,7 +123,8 @@ def _insert(con: duckdb.DuckDBPyConnection, table: str, cols: list[tuple[str, st
         else:
             data[f"c{i}"] = np.array(vals, dtype=object)
     con.register("_buf", data)
-    sel = ", ".join(f"CAST(c{i} AS {typ})" for i, (_, typ) in enumerate(cols))
+    # TRY_CAST: a value that does not fit its column (hand-edited config, odd state row) becomes NULL
+    sel = ", ".join(f"TRY_CAST(c{i} AS {typ})" for i, (_, typ) in enumerate(cols))
     con.execute(f"INSERT INTO {table} ({', '.join(views.ident(n) for n, _ in cols)}) SELECT {sel} FROM _buf")
     con.unregister("_buf")
     return len(rows)
@@ -260,7 +264,7 @@ def _build(con: duckdb.DuckDBPyConnection, trials: list[dict], stats: dict) -> N
         flats.append(flat)
         if data.result is not None:
             summary += [(tid, k, v, j) for k, v, j in _flatten_summary(data.result.get("metrics"))]
-        figures += [(tid, p.stem, str(p), p.stat().st_size) for p in data.figures]
+        figures += [(tid, p.stem, str(p), size) for p, size in data.figures]
         warn_rows += [(tid, w) for w in data.warnings]
         stats["warnings"] += [f"trial {tid}: {w}" for w in data.warnings]
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 
 @dataclass
@@ -18,7 +17,7 @@ class RunDirData:
     result: dict | None = None
     error: dict | None = None
     config: dict | None = None
-    figures: list[Path] = field(default_factory=list)
+    figures: list[tuple[Path, int]] = field(default_factory=list)  # (path, bytes)
     warnings: list[str] = field(default_factory=list)
 
 
@@ -52,5 +51,9 @@ def read_run_dir(run_dir: str | Path | None, expect_result: bool) -> RunDirData:
     data.config = _load_json(d / "config.json", data.warnings)
     fig_dir = d / "figures"
     if fig_dir.is_dir():
-        data.figures = sorted(p for p in fig_dir.glob("*.png") if p.is_file())
+        for p in sorted(fig_dir.glob("*.png")):
+            try:
+                data.figures.append((p, p.stat().st_size))
+            except OSError:  # removed while we listed it
+                pass
     return data

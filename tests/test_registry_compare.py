@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dpx.registry import compare, ingest, keys, query
+from dpx.registry import compare, ingest, keys
 from dpx.registry.comparison import NO_RUN, OURS_ONLY
 from dpx.registry.reference import KNOWN, load_table
 from test_registry_fixtures import dp, make_trial

@@ -244,3 +244,17 @@ def test_concurrent_ingests_both_finish_and_leave_a_whole_database(tmp_path):
     assert errors == []
     n = query(db, "SELECT count(*) FROM trials")[1][0][0]
     assert n in (2, 4) and query(db, "SELECT count(*) FROM summary")[1][0][0] == n
+
+
+def test_odd_state_rows_become_nulls_not_crashes(tmp_path):
+    t = make_trial(tmp_path, "r", "odd", dp(2), summary={"score": 1.0})
+    t["config"]["seed"] = "abc"
+    t.update(attempts="x", submitted_at="yesterday", started_at=None, ended_at=None)
+    u = {**make_trial(tmp_path, "r", "nocfg", dp(1)), "config": ["not", "a", "mapping"]}
+    db = tmp_path / "r.duckdb"
+    stats = ingest(db, [t, u])
+    assert stats["trials"] == 2 and any("config is not a mapping" in w for w in stats["warnings"])
+    rows = dict((r[0], r[1:]) for r in query(db, "SELECT trial_id, seed, attempts, submitted_at, model_label "
+                                                 "FROM trials")[1])
+    assert rows["odd"] == (None, None, None, "DeltaProduct_2")
+    assert rows["nocfg"][3] is None
