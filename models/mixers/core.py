@@ -21,8 +21,10 @@ from __future__ import annotations
 import torch
 
 
-def _expand(w, K):
-    return w if w.shape[-1] == K else w.expand(*w.shape[:-1], K)
+def _tri(x, D, y):
+    """sum_i x[t, i] D[t, r, i] y[r, i] -> [.., t, r]; D's last axis may be 1 (scalar decay). An explicit product
+    is ~2x faster than a three-operand einsum on CPU, forward and backward."""
+    return (x[..., :, None, :] * D * y[..., None, :, :]).sum(-1)
 
 
 def recurrent(q, k, v, w, a=None, b=None, u=None, S0=None, scale: float = 1.0):
@@ -79,14 +81,14 @@ def chunked(q, k, v, w, a=None, b=None, u=None, S0=None, scale: float = 1.0, chu
 
     read_rows, read_mask = (G, incl) if u is None else (Gx, strict)
     D_read = decay(read_rows, read_mask)
-    qk = torch.einsum("bhnti,bhntri,bhnri->bhntr", q, _expand(D_read, K) if D_read.shape[-1] != K else D_read, k)
+    qk = _tri(q, D_read, k)
     if lowrank:
         D_x = decay(Gx, strict)
-        M = torch.einsum("bhnsi,bhnsri,bhnri->bhnsr", b, _expand(D_x, K), a)
-        N = torch.einsum("bhnsi,bhnsri,bhnri->bhnsr", b, _expand(D_x, K), k)
+        M = _tri(b, D_x, a)
+        N = _tri(b, D_x, k)
         I = torch.eye(C, dtype=q.dtype, device=q.device)
         IM = I - M
-        qa = torch.einsum("bhnti,bhntri,bhnri->bhntr", q, _expand(D_read, K), a)
+        qa = _tri(q, D_read, a)
     outs = []
     G_last = G[:, :, :, -1:, :]  # [B, H, NT, 1, K|1]
     D_end = (G_last - G).exp()   # exp(G_C - G_r) <= 1
@@ -96,7 +98,7 @@ def chunked(q, k, v, w, a=None, b=None, u=None, S0=None, scale: float = 1.0, chu
         o = torch.einsum("bhtk,bhkv->bhtv", qc * rows.exp(), S) + qk[:, :, c] @ vc
         if u is not None:
             o = o + (qc * u[None, :, None] * kc).sum(-1, keepdim=True) * vc
-        end = _expand(D_end[:, :, c], K)
+        end = D_end[:, :, c]
         S_new = G_last[:, :, c, 0].exp()[..., None] * S + torch.einsum("bhrk,bhrv->bhkv", kc * end, vc)
         if lowrank:
             ac, bc = a[:, :, c], b[:, :, c]
