@@ -74,30 +74,41 @@ def _mean_curve(items: list[dict]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def fig5(db_path, out: Path, recipe: str | None = None) -> Path | None:
+    """The paper's layout: top row one layer with n_h varying, bottom row n_h = 1 with depth varying (the
+    one-layer n_h = 1 run is in both); other combinations join the top row. Mean over seeds per line."""
     data = _curves(db_path, f"^{K.CURVE_ACC_AT_POS}$", views.recipe_filter(recipe))
     data = [d for d in data if d["group_name"]]
     if not data:
         return None
     groups = sorted({d["group_name"] for d in data}, key=lambda g: ("S3", "S4", "A5", "S5").index(g)
                     if g in ("S3", "S4", "A5", "S5") else 9)
-    fig, axes = plt.subplots(1, len(groups), figsize=(4 * len(groups), 3.4), squeeze=False, sharey=True)
-    for ax, g in zip(axes[0], groups):
-        lines = defaultdict(list)
-        for d in data:
-            if d["group_name"] == g:
-                lines[(d["num_layers"], d["n_h"] or 1, d["beta_range"] or "")].append(d)
-        for (layers, n_h, br), items in sorted(lines.items()):
-            x, y = _mean_curve(items)
-            ax.plot(x, y, label=f"{layers}L n_h={n_h} {br}".strip(), lw=1.4)
-        tl = next((d["train_len"] for d in data if d["group_name"] == g and d["train_len"]), None)
-        if tl:
-            ax.axvline(tl, ls="--", c="grey", lw=1)
-        ax.set_title(g)
+    deep = [d for d in data if (d["n_h"] or 1) == 1 and d["num_layers"] > 1]
+    deep_ids = {id(d) for d in deep}
+    rows = [("more n_h", [d for d in data if id(d) not in deep_ids])]
+    if deep:
+        rows.append(("more layers", deep + [d for d in data if (d["n_h"] or 1) == 1 and d["num_layers"] == 1]))
+    fig, axes = plt.subplots(len(rows), len(groups), figsize=(4 * len(groups), 3.2 * len(rows)), squeeze=False,
+                             sharey=True)
+    for r, (row_name, row_data) in enumerate(rows):
+        for ax, g in zip(axes[r], groups):
+            lines = defaultdict(list)
+            for d in row_data:
+                if d["group_name"] == g:
+                    lines[(d["num_layers"], d["n_h"] or 1, d["beta_range"] or "")].append(d)
+            for (layers, n_h, br), items in sorted(lines.items()):
+                x, y = _mean_curve(items)
+                ax.plot(x, y, label=f"{layers}L n_h={n_h} {br}".strip(), lw=1.4)
+            tl = next((d["train_len"] for d in data if d["group_name"] == g and d["train_len"]), None)
+            if tl:
+                ax.axvline(tl, ls="--", c="grey", lw=1)
+            ax.set_title(f"{g}: {row_name}", fontsize=10)
+            ax.set_ylim(-0.02, 1.02)
+            if lines:
+                ax.legend(fontsize=7)
+        axes[r][0].set_ylabel("prefix accuracy")
+    for ax in axes[-1]:
         ax.set_xlabel("position")
-        ax.set_ylim(-0.02, 1.02)
-        ax.legend(fontsize=7)
-    axes[0][0].set_ylabel("prefix accuracy")
-    fig.suptitle("Fig. 5: accuracy vs position (dashed: training length)", y=1.04)
+    fig.suptitle("Fig. 5: accuracy vs position (dashed: training length)", y=1.02)
     return _save(fig, out)
 
 
