@@ -204,7 +204,7 @@ def logs(trial: str = typer.Argument(..., help="trial id (a unique prefix is eno
         _fail(f"{trial}: no such trial")
     if len({(r["recipe"], r["trial_id"]) for r in rows}) > 1:
         _fail(f"{trial}: ambiguous, matches " + ", ".join(f"{r['recipe']}/{r['trial_id']}" for r in rows[:5]))
-    path = Path(rows[0]["run_dir"]) / "log.txt"
+    path = ws.run_dir(rows[0]["recipe"], rows[0]["trial_id"]) / "log.txt"
     if not path.exists():
         _fail(f"{path}: no log yet (trial is {rows[0]['status']})", 1)
     text = path.read_text(errors="replace")
@@ -276,6 +276,99 @@ def _print_rows(cols: list[str], rows: list, fmt: str) -> None:
             t.add_row(*[_fmt(v) for v in r])
         out.print(t)
         out.print(f"{len(rows)} row(s)")
+
+
+@app.command()
+def compare(name: str = typer.Argument(..., help="paper table or figure: table2, table3, table4, fig4, fig5, ..."),
+            recipe: Optional[str] = typer.Option(None, help="only trials of this recipe"),
+            fmt: str = typer.Option("table", "--format", help="table | csv | json"),
+            workspace: Optional[str] = WS_OPT):
+    """Our numbers beside the paper's, with deltas; rows without a run yet are marked."""
+    from dpx.registry import KNOWN_NAMES
+    from dpx.registry import compare as rcompare
+
+    if name not in KNOWN_NAMES:
+        _fail(f"compare: unknown table {name!r}; known: {', '.join(KNOWN_NAMES)}")
+    ws = _ws(workspace)
+    if ws.exists:
+        from .results import refresh_duckdb
+
+        db = refresh_duckdb(ws)
+    else:  # no runs yet: the paper's numbers alone, every row marked
+        import tempfile
+
+        from dpx.registry import ingest
+
+        db = Path(tempfile.mkdtemp()) / "empty.duckdb"
+        ingest(db, [])
+    try:
+        cmp = rcompare(db, name, _recipe_name(recipe) if recipe else None)
+    except ValueError as e:
+        _fail(f"compare: {e}")
+    if fmt != "table":
+        _print_rows(cmp.columns, cmp.rows, fmt)
+        return
+    keep = [i for i, c in enumerate(cmp.columns) if c != "source"]  # sources: --format csv/json
+    t = Table(title=cmp.title)
+    for i in keep:
+        t.add_column(str(cmp.columns[i]).replace(" (lower is better)", "↓").replace(" (higher is better)", "↑"))
+    for r in cmp.text_rows():
+        t.add_row(*[r[i] for i in keep])
+    out.print(t)
+    for n in cmp.notes:
+        out.print(f"[dim]{n}[/dim]", highlight=False)
+
+
+@app.command()
+def report(recipe: str = typer.Argument(..., help="recipe file or name"),
+           out_html: Optional[str] = typer.Option(None, "--out", help="HTML file (default <workspace>/reports/RECIPE.html)"),
+           workspace: Optional[str] = WS_OPT):
+    """One self-contained HTML file: the paper's tables and figures beside ours."""
+    from .results import refresh_duckdb
+
+    ws = _ws(workspace, must_exist=True)
+    name = _recipe_name(recipe)
+    db = refresh_duckdb(ws)
+    from dpx.registry import NothingToReport
+    from dpx.registry import report as rreport
+
+    path = Path(out_html) if out_html else ws.root / "reports" / f"{name}.html"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        p = rreport(db, name, path)
+    except NothingToReport as e:
+        _fail(f"report: {e}", 1)
+    out.print(f"report: {p}")
+
+
+@app.command()
+def params(recipe: str = typer.Argument(..., help="recipe YAML file"),
+           overrides: Optional[List[str]] = typer.Argument(None)):
+    """Each trial's parameter count and the dimension parameter matching solved for."""
+    ex = _expand(recipe, overrides or [])
+    from dpx.models.matching import param_report
+
+    seen: dict[str, dict] = {}
+    for t in ex.trials:
+        if t.config.get("model") is not None:
+            seen.setdefault(json.dumps(t.config["model"], sort_keys=True), t.config["model"])
+    if not seen:
+        _fail(f"{recipe}: no trial of this recipe has a model")
+    try:
+        rows = param_report(list(seen.values()))
+    except ValueError as e:
+        _fail(f"{recipe}:model: {e}")
+    t = Table(title=f"{ex.recipe}: parameters ({len(rows)} distinct models)")
+    for c in ("family", "n_h", "hidden", "heads", "head_dim", "params", "non-emb", "reference", "diff", "mode",
+              "matched"):
+        t.add_column(c, justify="right" if c not in ("family", "mode", "matched") else "left")
+    for r in rows:
+        diff = r.get("rel_diff")
+        t.add_row(r["family"], str(r["num_householder"]), str(r["hidden_size"]), str(r["num_heads"]),
+                  str(r["head_dim"]), f"{r['params'] / 1e6:.2f}M", f"{r['non_embedding_params'] / 1e6:.2f}M",
+                  f"{r['reference_params'] / 1e6:.2f}M" if r.get("reference_params") else "-",
+                  f"{100 * diff:+.2f}%" if diff is not None else "-", str(r["mode"]), str(r["matched"] or "-"))
+    out.print(t)
 
 
 @app.command()

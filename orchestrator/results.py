@@ -27,7 +27,7 @@ def _fmt(v) -> str:
 
 def print_results(ws, store: StateStore, recipe: str, sub_id: str, axes: list[str], console) -> None:
     rows = store.trials(submission=sub_id)
-    sums = {r["trial_id"]: _summary(r["run_dir"]) for r in rows}
+    sums = {r["trial_id"]: _summary(ws.run_dir(r["recipe"], r["trial_id"])) for r in rows}
     keys: list[str] = []
     for s in sums.values():
         for k, v in s.items():
@@ -84,13 +84,14 @@ def print_status(ws, store: StateStore, recipe: str | None, console, all_trials:
 
 
 # ---- DuckDB -------------------------------------------------------------------------------------------------
-def trial_records(store: StateStore) -> list[dict]:
-    """State rows as plain dicts for the registry (it never imports the orchestrator)."""
+def trial_records(ws, store: StateStore) -> list[dict]:
+    """State rows as plain dicts for the registry (it never imports the orchestrator). Run dirs are located from
+    the workspace (runs/<recipe>/<trial_id>), so a workspace copied from another machine reads the same."""
     out = []
     for r in store.q("SELECT * FROM trials ORDER BY recipe, created_at, trial_id"):
         out.append({
             "trial_id": r["trial_id"], "recipe": r["recipe"], "status": r["status"], "attempts": r["attempts"],
-            "run_dir": r["run_dir"], "config": json.loads(r["config"]), "submitted_at": r["created_at"],
+            "run_dir": str(ws.run_dir(r["recipe"], r["trial_id"])), "config": json.loads(r["config"]), "submitted_at": r["created_at"],
             "started_at": r["started_at"], "ended_at": r["ended_at"], "host": r["host"],
             "mlflow_run_id": r["mlflow_run_id"], "error": r["error"]})
     return out
@@ -107,7 +108,7 @@ def refresh_duckdb(ws, force: bool = False) -> Path:
     key = f"{last['u']}:{last['n']}"
     if not force and running == 0 and ws.duckdb.exists() and stamp.exists() and stamp.read_text() == key:
         return ws.duckdb
-    ingest(ws.duckdb, trial_records(store))
+    ingest(ws.duckdb, trial_records(ws, store))
     stamp.write_text(key)
     return ws.duckdb
 
@@ -134,7 +135,8 @@ def sync_mlflow(ws) -> int:
             if not pid:
                 pid = tracker.parent_run(exp_id, f"sync-{time.strftime('%Y%m%d-%H%M%S')}", r["recipe"], "", 0)
             parents[r["recipe"]] = (exp_id, pid)
-        run_id, off = tracker.sync_trial(exp_id, parents[r["recipe"]][1], dict(r), final=True)
+        row = {**dict(r), "run_dir": str(ws.run_dir(r["recipe"], r["trial_id"]))}
+        run_id, off = tracker.sync_trial(exp_id, parents[r["recipe"]][1], row, final=True)
         store.set_trial(r["recipe"], r["trial_id"], mlflow_run_id=run_id, mlflow_offset=off, mlflow_done=1)
         n += 1
     for exp_id, pid in parents.values():
