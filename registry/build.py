@@ -333,7 +333,9 @@ def ingest(db_path: str | os.PathLike, trials: list[dict]) -> dict:
     stats: dict[str, Any] = {"db_path": str(db_path), "warnings": []}
     con = duckdb.connect(str(tmp), config={"autoinstall_known_extensions": False})
     try:
+        con.execute("BEGIN TRANSACTION")  # one commit for the whole build
         _build(con, trials, stats)
+        con.execute("COMMIT")
         con.execute("CHECKPOINT")
         con.close()
         stale_wal = Path(str(db_path) + ".wal")
