@@ -84,7 +84,7 @@ def _metric_columns(name: str) -> list[tuple[str, str]]:
     """(paper column, header label) for the metric columns of a paper table."""
     if name == "table2":
         return [(c.paper, c.paper) for c in K.TABLE_COLUMNS["table2"]] + [("avg", "avg")]
-    return [(c.paper, c.paper + ("" if c.higher_is_better else " (lower=better)")) for c in K.TABLE_COLUMNS[name]]
+    return [(c.paper, c.paper + ("" if c.higher_is_better else " (lower is better)")) for c in K.TABLE_COLUMNS[name]]
 
 
 def _paper_table(con, name: str, where: str) -> Comparison:

@@ -105,7 +105,7 @@ def test_lm_tables_mean_over_seeds_percent_deltas_and_marks(tmp_path):
     assert dn[col["lambada_acc ours"]] == pytest.approx(want)
     assert dn[col["lambada_acc delta"]] == pytest.approx(want - 37.8)
     ppl = statistics.fmean(runs[("805M", "DeltaNet", s)][keys.WIKITEXT_PPL] for s in (0, 1))
-    assert dn[col["wiki_ppl (lower=better) delta"]] == pytest.approx(ppl - 20.81)
+    assert dn[col["wiki_ppl (lower is better) delta"]] == pytest.approx(ppl - 20.81)
     assert dn[col["status"]] == ""
     assert rows[("213M", "DeltaProduct_2")][col["status"]] == NO_RUN  # only a pending trial there
     assert rows[("213M", "DeltaProduct_2")][col["runs"]] == 0
