@@ -105,7 +105,8 @@ def train(config: dict, cfg: LMConfig, tok, ctx: RunContext, seed: int):
               data_state=stream)
     if cfg.save_model and hasattr(model, "save_pretrained"):
         model.save_pretrained(ctx.checkpoint_dir / "model")
-    summary = {"num_params": n_params, "tokens_per_s": res.tokens_per_s, "train_tokens": res.tokens,
+    summary = {"num_params": n_params, "num_heads": model.config.num_heads, "head_dim": model.config.key_dim,
+               "hidden_size": model.config.hidden_size, "tokens_per_s": res.tokens_per_s, "train_tokens": res.tokens,
                "train_steps": res.step, "train_time_s": res.train_time_s,
                "val_loss": res.last_eval.get("val/loss"), "val_ppl": res.last_eval.get("val/ppl")}
     if peak:

@@ -40,11 +40,14 @@ def fla_gated_deltaproduct():
         raise RuntimeError("task.impl: fla is not installed (pip install fla-core flash-linear-attention)") from e
     try:
         return importlib.import_module("fla.layers.gated_deltaproduct").GatedDeltaProduct
-    except ModuleNotFoundError as e:
-        if e.name and e.name.startswith("fla"):
+    except ImportError as e:  # transformers missing or of another API generation
+        if isinstance(e, ModuleNotFoundError) and (e.name or "").startswith("fla"):
             raise RuntimeError("task.impl: fla's layers are not installed (pip install flash-linear-attention)") from e
         spec = importlib.util.find_spec("fla.layers")
-        sys.modules.pop("fla.layers", None)
+        if spec is None:
+            raise RuntimeError("task.impl: fla's layers are not installed (pip install flash-linear-attention)") from e
+        for name in [m for m in sys.modules if m == "fla.layers" or m.startswith("fla.layers.")]:
+            sys.modules.pop(name)
         stub = types.ModuleType("fla.layers")
         stub.__path__ = list(spec.submodule_search_locations)
         sys.modules["fla.layers"] = stub
@@ -138,7 +141,8 @@ def run(config: dict, ctx: RunContext) -> dict:
     tps = B * T * c.steps / dt
     peak = budget.peak_tflops(torch.cuda.get_device_name(device) if device.type == "cuda" else "", c.peak_tflops)
     out = {"tokens_per_s": tps, "step_ms": 1000 * dt / c.steps, "num_params": n_params, "seq_len": T,
-           "batch_size": B, "mem_estimate_gib": mem}
+           "batch_size": B, "mem_estimate_gib": mem, "num_heads": model.config.num_heads,
+           "head_dim": model.config.key_dim, "hidden_size": model.config.hidden_size}
     if device.type == "cuda":
         out["peak_mem_gib"] = torch.cuda.max_memory_allocated(device) / budget.GIB
     if peak:

@@ -1,0 +1,94 @@
+"""Run resolved LM / throughput trials in one process and write a compact report (the GPU proof of tasks/lm).
+
+    python -m dpx.tasks.lm.bench_gpu TRIALS.json OUT_DIR [--budget-s 150]
+
+TRIALS.json is a list of resolved trial configs (what `dpx expand` produces, e.g. from
+`recipes/fig4_throughput.yaml scale=gpu_small` and `recipes/table3.yaml scale=gpu_small`). Each trial runs through
+its task's `run(config, ctx)` exactly as the runner would, in a run dir under /tmp; no new trial starts once
+`--budget-s` seconds have passed. OUT_DIR gets results.json (summary or error per trial), curves.json (train and
+validation loss per step) and a table on stdout: few files, because the device returns few.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+from dpx.tasks import TASKS
+from dpx.tasks.context import RunContext
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("trials")
+    ap.add_argument("out")
+    ap.add_argument("--budget-s", type=float, default=150.0)
+    args = ap.parse_args(argv)
+    trials = json.loads(Path(args.trials).read_text())
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = Path(tempfile.mkdtemp(prefix="dpx_runs_"))
+    t0, results, curves = time.time(), [], {}
+    for cfg in trials:
+        tid, task = cfg.get("trial_id", "?"), cfg["task"]["name"]
+        row = {"trial_id": tid, "recipe": cfg.get("recipe"), "task": task, "model": cfg.get("model"),
+               "task_config": cfg["task"]}
+        if time.time() - t0 > args.budget_s:
+            row["status"] = "skipped (budget)"
+            results.append(row)
+            continue
+        run_dir = runs / str(cfg.get("recipe")) / tid
+        ctx = RunContext(run_dir, cfg)
+        start = time.time()
+        try:
+            row["metrics"] = TASKS[task].run_fn()(cfg, ctx)
+            row["status"] = "completed"
+        except Exception as e:  # noqa: BLE001 - a failed trial is a result too
+            row["status"] = "failed"
+            row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:400]
+            row["traceback"] = traceback.format_exc()[-2000:]
+        finally:
+            ctx.close()
+        row["wall_s"] = round(time.time() - start, 1)
+        results.append(row)
+        mpath = run_dir / "metrics.jsonl"
+        if mpath.exists():
+            c: dict = {}
+            for line in mpath.read_text().splitlines():
+                r = json.loads(line)
+                if r["key"] in ("train/loss", "val/loss", "train/tokens_per_s", "train/mfu"):
+                    c.setdefault(r["key"], []).append([r["step"], r["value"]])
+            if c:
+                curves[tid] = c
+        (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+        (out / "curves.json").write_text(json.dumps(curves))
+        print(f"[bench] {task} {tid} {row['status']} {row['wall_s']}s {row.get('error', '')}", flush=True)
+    print(table(results))
+    return 0
+
+
+def table(results: list[dict]) -> str:
+    lines = [f"{'recipe':18} {'task':10} {'n_h':>3} {'H':>3} {'dk':>4} {'impl':5} {'shape':>10} {'tokens/s':>12} "
+             f"{'mfu':>6} {'loss':>7} status"]
+    for r in results:
+        m, t = r.get("metrics") or {}, r["task_config"]
+        mo = {**(r.get("model") or {}), **{k: m[k] for k in ("num_heads", "head_dim") if k in m}}
+        shape = f"{t.get('seq_len', t.get('context_len', ''))}x{t.get('batch_size', '')}" if r["task"] == "throughput" \
+            else f"ctx{t.get('context_len', '')}"
+        tps = m.get("tokens_per_s")
+        lines.append(f"{str(r.get('recipe')):18} {r['task']:10} {mo.get('num_householder', ''):>3} "
+                     f"{mo.get('num_heads', ''):>3} {str(mo.get('head_dim', '')):>4} {t.get('impl', 'dpx'):5} "
+                     f"{shape:>10} {f'{tps:,.0f}' if tps else '-':>12} "
+                     f"{_fmt(m.get('mfu'), '.3f'):>6} {_fmt(m.get('val_loss'), '.3f'):>7} {r['status']}")
+    return "\n".join(lines)
+
+
+def _fmt(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
