@@ -58,6 +58,16 @@ class MatchingConfig:
         bad = [k for k in self.reference if k not in MODEL_FIELDS or k == "matching"]
         if bad:
             raise ValueError(f"reference.{bad[0]}: not a model field" + did_you_mean(bad[0], MODEL_FIELDS))
+        # aliases -> canonical names here too, so equivalent references hash alike
+        ref = dict(self.reference)
+        if "n_h" in ref:
+            ref["num_householder"] = ref.pop("n_h")
+        if "beta_range" in ref:
+            try:
+                ref["allow_neg_eigval"] = ModelConfig(beta_range=ref.pop("beta_range")).allow_neg_eigval
+            except ValueError as e:
+                raise ValueError(f"reference.{e}") from None
+        self.reference = ref
         if not 0 < self.tolerance < 1:
             raise ValueError(f"tolerance: must be in (0, 1), got {self.tolerance}")
         for k in ("heads_multiple", "hidden_multiple"):

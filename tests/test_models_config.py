@@ -17,6 +17,9 @@ def test_aliases_fold_into_canonical_fields():
     assert ModelConfig(beta_range=[-1, 1]).allow_neg_eigval  # YAML list form
     assert not ModelConfig(beta_range="[0,1]").allow_neg_eigval
     assert ModelConfig.from_dict(a.to_dict()) == a
+    m1 = ModelConfig(matching={"mode": "heads", "reference": {"n_h": 1, "beta_range": "[0,1]"}})
+    m2 = ModelConfig(matching={"mode": "heads", "reference": {"num_householder": 1, "allow_neg_eigval": False}})
+    assert dataclasses.asdict(m1) == dataclasses.asdict(m2)
 
 
 def test_forget_gate_follows_the_family():
