@@ -2,6 +2,7 @@
 plots and the HTML report. Reads run dirs as data; imports duckdb, numpy, matplotlib and the stdlib only.
 
     ingest(db_path, trials) -> stats        (re)build the database from run dirs, atomically   (build.py)
+    is_current(db_path) -> bool             built by this schema version? (else ingest again)
     query(db_path, sql) -> (columns, rows)  read-only SQL                                       (db.py)
     compare(db_path, name) -> Comparison    ours beside the paper's: table2..table5, fig4, fig5, fig8, fig9
     report(db_path, recipe, out_html)       one self-contained HTML file                        (htmlreport.py)
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from importlib import import_module
 
-from .build import ingest
+from .build import ingest, is_current
 from .comparison import Comparison, compare
 from .db import query
 from .reference import KNOWN as KNOWN_NAMES
@@ -27,4 +28,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'dpx.registry' has no attribute {name!r}")
 
 
-__all__ = ["ingest", "query", "compare", "Comparison", "report", "NothingToReport", "plots", "KNOWN_NAMES"]
+__all__ = ["ingest", "is_current", "query", "compare", "Comparison", "report", "NothingToReport", "plots", "KNOWN_NAMES"]

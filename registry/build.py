@@ -25,7 +25,7 @@ from . import reference, views
 from .rundir import RunDirData, read_run_dir
 
 SECTIONS = ("model", "task", "train", "eval", "hardware")
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # bump when tables or views change; is_current() tells callers to rebuild
 
 # Fixed columns of `trials` (name, SQL type). Flattened config columns (`model__num_householder`, ...) follow.
 TRIAL_COLUMNS: list[tuple[str, str]] = [
@@ -322,6 +322,21 @@ def _build(con: duckdb.DuckDBPyConnection, trials: list[dict], stats: dict) -> N
     con.execute("CREATE TABLE meta (key VARCHAR, value VARCHAR)")
     con.execute("INSERT INTO meta VALUES ('schema_version', ?), ('built_at', ?), ('trials', ?)",
                 [str(SCHEMA_VERSION), str(time.time()), str(len(rows))])
+
+
+def is_current(db_path: str | os.PathLike) -> bool:
+    """True when db_path exists and was built by this version's schema (else: ingest again)."""
+    if not Path(db_path).exists():
+        return False
+    try:
+        con = duckdb.connect(str(db_path), read_only=True)
+        try:
+            row = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        finally:
+            con.close()
+    except duckdb.Error:
+        return False
+    return row is not None and row[0] == str(SCHEMA_VERSION)
 
 
 def ingest(db_path: str | os.PathLike, trials: list[dict]) -> dict:

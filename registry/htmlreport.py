@@ -13,6 +13,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import duckdb
+
 from . import plots, views
 from .comparison import Comparison, compare, fmt
 from .db import connect
@@ -101,7 +103,10 @@ def report(db_path: str | os.PathLike, recipe: str, out_html: str | os.PathLike)
         if not counts.get("completed"):
             what = ", ".join(f"{n} {s}" for s, n in counts.items())
             raise NothingToReport(f"recipe {recipe!r} has no finished trials yet ({what}); nothing to report")
-        view = views.ident(_fetch(con, "SELECT view_name FROM recipes WHERE recipe = ?", [recipe])[1][0][0])
+        try:
+            view = views.ident(_fetch(con, "SELECT view_name FROM recipes WHERE recipe = ?", [recipe])[1][0][0])
+        except (duckdb.CatalogException, IndexError):  # a database built before the `recipes` table existed
+            view = views.ident(views.view_name_for_recipe(recipe))
         tcols, trows = _fetch(con, f"SELECT * FROM {view}", [])
         drop = {"size_label", "language", "dataset", "group_name", "host", "error", "beta_range"}
         keep = [i for i, c in enumerate(tcols) if "__" not in c and not (c in drop and all(r[i] is None for r in trows))]

@@ -258,3 +258,18 @@ def test_odd_state_rows_become_nulls_not_crashes(tmp_path):
                                                  "FROM trials")[1])
     assert rows["odd"] == (None, None, None, "DeltaProduct_2")
     assert rows["nocfg"][3] is None
+
+
+def test_is_current_tells_when_to_rebuild(tmp_path):
+    from dpx.registry import is_current
+
+    db = tmp_path / "r.duckdb"
+    assert not is_current(db)
+    ingest(db, [make_trial(tmp_path, "r", "a", dp(1))])
+    assert is_current(db)
+    con = duckdb.connect(str(db))
+    con.execute("UPDATE meta SET value = '0' WHERE key = 'schema_version'")  # as an older dpx left it
+    con.close()
+    assert not is_current(db)
+    (tmp_path / "junk.duckdb").write_bytes(b"not a database")
+    assert not is_current(tmp_path / "junk.duckdb")
