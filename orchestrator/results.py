@@ -99,14 +99,15 @@ def trial_records(ws, store: StateStore) -> list[dict]:
 
 def refresh_duckdb(ws, force: bool = False) -> Path:
     """Rebuild results.duckdb from the run dirs when the state changed since it was built (or when forced)."""
-    from dpx.registry import ingest
+    from dpx.registry import ingest, is_current
 
     store = StateStore(ws.state_db)
     last = store.q("SELECT max(updated_at) AS u, count(*) AS n FROM trials")[0]
     running = store.counts()["running"]
     stamp = ws.root / ".duckdb_stamp"
     key = f"{last['u']}:{last['n']}"
-    if not force and running == 0 and ws.duckdb.exists() and stamp.exists() and stamp.read_text() == key:
+    # is_current: also rebuild a database an older dpx built (registry schema_version)
+    if not force and running == 0 and is_current(ws.duckdb) and stamp.exists() and stamp.read_text() == key:
         return ws.duckdb
     ingest(ws.duckdb, trial_records(ws, store))
     stamp.write_text(key)
