@@ -12,17 +12,19 @@ RNG), so a restored stream continues bit-identically: the training loop saves it
 """
 from __future__ import annotations
 
+import itertools
+from collections import deque
 from typing import Iterator
 
 import numpy as np
 
 from .sources import DocSource
-from .tokenizer import encode_document
+from .tokenizer import encode_documents
 
 
 class PackedStream:
     def __init__(self, source: DocSource, tok, seq_len: int, *, stride: int | None = None, seed: int = 0,
-                 shuffle_buffer: int = 0, loop: bool = True):
+                 shuffle_buffer: int = 0, loop: bool = True, read_ahead: int = 64):
         if seq_len < 2:
             raise ValueError(f"seq_len: must be >= 2, got {seq_len}")
         self.source, self.tok, self.seq_len = source, tok, seq_len
@@ -36,18 +38,25 @@ class PackedStream:
         self.buffer: list[np.ndarray] = []
         self.rng = np.random.Generator(np.random.PCG64(seed))
         self._it: Iterator[str] | None = None
+        self._pending: deque[list[int]] = deque()
+        self.read_ahead = read_ahead
         self._exhausted = False
 
     # ---- reading ---------------------------------------------------------------------------------------------
     def _next_doc(self) -> bool:
-        """Append the next document's tokens to the carry; False when the source is exhausted (loop=False)."""
+        """Append the next document's tokens to the carry; False when the source is exhausted (loop=False).
+        Documents are read and tokenised `read_ahead` at a time (one C++ call for the batch); `doc` counts only
+        those appended, so a restored stream re-reads the batch it had in hand."""
         for _ in range(2):
-            if self._it is None:
-                self._it = self.source.iter_docs(self.epoch, self.doc)
-            text = next(self._it, None)
-            if text is not None:
+            if not self._pending:
+                if self._it is None:
+                    self._it = self.source.iter_docs(self.epoch, self.doc)
+                texts = list(itertools.islice(self._it, self.read_ahead))
+                if texts:
+                    self._pending.extend(encode_documents(self.tok, texts))
+            if self._pending:
                 self.doc += 1
-                ids = np.asarray(encode_document(self.tok, text), dtype=self.dtype)
+                ids = np.asarray(self._pending.popleft(), dtype=self.dtype)
                 self.carry = np.concatenate([self.carry, ids])
                 return True
             if not self.loop:
@@ -109,7 +118,7 @@ class PackedStream:
         self.buffer = [np.asarray(b, self.dtype) for b in state["buffer"]]
         self.rng.bit_generator.state = state["rng"]
         self._exhausted = bool(state["exhausted"])
-        self._it = None  # reopened at (epoch, doc) on the next read
+        self._it, self._pending = None, deque()  # reopened at (epoch, doc) on the next read
 
 
 def take_sequences(source: DocSource, tok, seq_len: int, n: int, stride: int | None = None) -> np.ndarray:

@@ -66,3 +66,8 @@ def load_tokenizer(spec: str = "mistral_v1"):
 def encode_document(tok, text: str) -> list[int]:
     """One document: <s> + its tokens (no </s>), as the paper's pre-processing."""
     return [tok.bos_id] + tok.encode(text)
+
+
+def encode_documents(tok, texts: list[str]) -> list[list[int]]:
+    """encode_document for a batch (SentencePiece encodes a list in one call)."""
+    return [[tok.bos_id] + ids for ids in tok.encode_batch(texts)]
