@@ -86,6 +86,8 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> dict:
         key = getattr(e, "full_key", None) or None
         msg = str(e).splitlines()[0]
         raise RecipeError(f"cannot resolve: {msg}", file, key) from None
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as e:  # e.g. `task.steps=1` on a list
+        raise RecipeError(f"cannot apply the overrides: {type(e).__name__}: {e}", file) from None
     if scale is not None:
         out["scale"] = scale
     return out

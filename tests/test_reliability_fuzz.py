@@ -84,7 +84,7 @@ odd_keys = st.one_of(identifier, st.text(min_size=1, max_size=12),
 
 def base_recipe() -> dict:
     return {"name": "fz", "task": {"name": "debug", "steps": 1}, "train": {}, "eval": {},
-            "hardware": {"max_parallel": 1}, "grid": {"task.value": [1.0, 2.0]}}
+            "hardware": {"max_parallel": 1}, "grid": {"train.log_every": [1, 2]}}
 
 
 @st.composite
@@ -291,7 +291,7 @@ def check_rejected(root: Path, cmd: str, data: bytes, overrides: list[str]) -> N
     assert snapshot(root) == before, "workspace changed\n" + shown
 
 
-FUZZ = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                         HealthCheck.too_slow])
 
 
@@ -301,7 +301,7 @@ def test_fuzzed_bad_recipe_expand(workspace, bad):
     check_rejected(workspace, "expand", *bad)
 
 
-@settings(FUZZ, max_examples=120)
+@settings(FUZZ, max_examples=100)
 @given(bad=bad_recipes())
 def test_fuzzed_bad_recipe_submit(workspace, bad):
     check_rejected(workspace, "submit", *bad)
