@@ -77,7 +77,9 @@ def evaluate(model, tok, opts: ExtrapolationOptions, ctx, train_context: int, se
         out["loss_in_ctx"] = out[f"loss_in_ctx/{ds}"]
         if f"loss_beyond_ctx/{ds}" in out:
             out["loss_beyond_ctx"] = out[f"loss_beyond_ctx/{ds}"]
-    plot(curves, opts.window, train_context, ctx, label=str(ctx.config.get("model", {}).get("family", "model")))
+    m = getattr(model, "config", None)
+    label = (f"{m.family} n_h={m.num_householder} H={m.num_heads} d_k={m.key_dim}" if m is not None else "model")
+    plot(curves, opts.window, train_context, ctx, label=label)
     return out
 
 
