@@ -62,6 +62,8 @@ def run_trial(run_dir: Path, attempt: int = 1) -> int:
     except BaseException as e:  # noqa: BLE001 — every failure ends in error.json with its one-line reason
         tb = traceback.format_exc()
         line = f"{type(e).__name__}: {e}".splitlines()[0][:500]
+        if isinstance(e, OSError) and not e.filename:  # write/flush errors (disk full, quota) name no file
+            line += f" (writing in {run_dir})"
         _write_error(run_dir, base, started, "failed", line, tb[-4000:])
         print(tb, file=sys.stderr, flush=True)
         return EXIT_FAILED
