@@ -48,6 +48,9 @@ class HardwareConfig(_Strict):
     """trials at once (local default: CPUs / cpus_per_trial, or the GPU count when gpus_per_trial > 0)"""
     cpus_per_trial: float = 1
     gpus_per_trial: float = 0
+    nproc_per_trial: Optional[int] = None
+    """processes per trial, training data-parallel under torchrun (DDP; NCCL on GPUs, gloo on CPU); default: one
+    per GPU when gpus_per_trial > 1, else 1"""
     timeout_min: Optional[float] = None
     """a trial running longer is killed and marked failed"""
     max_retries: int = 0
@@ -63,6 +66,8 @@ class HardwareConfig(_Strict):
             raise ValueError("cpus_per_trial: must be > 0")
         if self.gpus_per_trial < 0:
             raise ValueError("gpus_per_trial: must be >= 0")
+        if self.nproc_per_trial is not None and self.nproc_per_trial < 1:
+            raise ValueError("nproc_per_trial: must be >= 1")
         if self.max_parallel is not None and self.max_parallel < 1:
             raise ValueError("max_parallel: must be >= 1")
         if self.max_retries < 0:

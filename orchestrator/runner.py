@@ -18,6 +18,7 @@ import time
 import traceback
 from pathlib import Path
 
+from dpx.orchestrator import distributed
 from dpx.tasks import TASKS
 from dpx.tasks.context import Diverged, Preempted, RunContext, atomic_write_json
 
@@ -28,19 +29,30 @@ def run_trial(run_dir: Path, attempt: int = 1) -> int:
     run_dir = Path(run_dir)
     config = json.loads((run_dir / "config.json").read_text())
     hw = config.get("hardware") or {}
+    distributed.set_safe_env()  # NCCL_NVLS_ENABLE=0 etc. in this trial and everything it starts
     threads = hw.get("threads_per_trial") or max(1, int(hw.get("cpus_per_trial") or 1))
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    nproc = distributed.nproc_per_trial(hw)
+    if nproc > 1 and not distributed.in_worker():  # data-parallel: torchrun re-runs this runner once per rank
+        return distributed.launch(run_dir, attempt, nproc)
     if "torch" in sys.modules or config.get("model") is not None:
         import torch
 
         torch.set_num_threads(int(threads))
     device = hw.get("device") if hw.get("device") not in (None, "auto") else None
-    for stale in ("result.json", "error.json"):
-        (run_dir / stale).unlink(missing_ok=True)
-    ctx = RunContext(run_dir, config, attempt=attempt, device=device)
+    if nproc > 1:  # a rank: process group up; ranks > 0 write to a scratch dir, rank 0 to the run dir
+        distributed.die_with_parent()
+        from dpx.tasks.training.distributed import worker_context
+
+        ctx = worker_context(run_dir, config, attempt, device)
+        run_dir = ctx.run_dir
+    else:
+        for stale in ("result.json", "error.json"):
+            (run_dir / stale).unlink(missing_ok=True)
+        ctx = RunContext(run_dir, config, attempt=attempt, device=device)
     ctx.install_signal_handlers()
     base = {"trial_id": config.get("trial_id", run_dir.name), "attempt": attempt, "host": socket.gethostname(),
-            "pid": os.getpid()}
+            "pid": os.getpid(), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
     started = time.time()
     print(f"[dpx] trial {base['trial_id']} attempt {attempt} on {base['host']} (task {config['task']['name']})",
           flush=True)

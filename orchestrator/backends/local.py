@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..distributed import set_safe_env
 from ..state import pid_alive
 from .base import Backend, Launch, Outcome
 
@@ -84,6 +85,7 @@ class LocalBackend(Backend):
         threads = launch.config.get("hardware", {}).get("threads_per_trial") or max(
             1, int(float(launch.config.get("hardware", {}).get("cpus_per_trial") or 1)))
         env.setdefault("OMP_NUM_THREADS", str(threads))
+        set_safe_env(env)  # NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1: no NVLink multicast
         log_path = Path(launch.run_dir) / "log.txt"
         with open(log_path, "ab") as log:
             log.write(f"\n===== attempt {launch.attempt} {time.strftime('%Y-%m-%d %H:%M:%S')} =====\n".encode())

@@ -23,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..distributed import set_safe_env
 from ..errors import RecipeError
 from .base import Backend, Launch, Outcome
 from .local import visible_gpus
@@ -203,6 +204,7 @@ class RayBackend(Backend):
         threads = hw.get("threads_per_trial") or max(1, int(float(hw.get("cpus_per_trial") or 1)))
         env = {**launch.env, "DPX_TRIAL_ID": launch.trial_id, "DPX_ATTEMPT": str(launch.attempt),
                "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(threads)}
+        set_safe_env(env)  # no NVLink multicast on the nodes either; CUDA_VISIBLE_DEVICES comes from Ray's worker
         for k in ("DPX_MLFLOW_URI", "DPX_WORKSPACE"):  # remote nodes do not inherit the driver's environment
             if k in os.environ and k not in env:
                 env[k] = os.environ[k]

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from dpx.tasks.context import Diverged, Preempted
+from dpx.tasks.training import distributed as dd
 from dpx.tasks.training.config import TrainConfig
 from dpx.tasks.training.schedule import lr_factor
 
@@ -153,6 +154,8 @@ def fit(model: nn.Module, cfg: TrainConfig | dict, ctx, *,
     resumed_from = step
 
     def checkpoint(done: bool = False) -> None:
+        if not dd.is_main():  # data-parallel: rank 0 alone writes (the ranks' states are identical)
+            return
         save_checkpoint(ck_path, {
             "version": CHECKPOINT_VERSION, "step": step, "tokens": tokens, "train_time_s": train_time,
             "model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
@@ -163,7 +166,7 @@ def fit(model: nn.Module, cfg: TrainConfig | dict, ctx, *,
         model.eval()
         try:
             with torch.no_grad(), autocast(device, cfg.precision):
-                out = {k: float(v) for k, v in eval_fn(model).items()}
+                out = dd.broadcast({k: float(v) for k, v in eval_fn(model).items()})  # rank 0's, so ranks agree
         finally:
             model.train()
         ctx.log_metrics(out, step=step)
@@ -182,27 +185,30 @@ def fit(model: nn.Module, cfg: TrainConfig | dict, ctx, *,
         return FitResult(step, stop_reason, train_time, tokens, tokens / max(train_time, 1e-9), last_eval,
                          resumed_from)
 
-    train_model = torch.compile(model) if cfg.compile else model
+    train_model = dd.wrap(model)  # DistributedDataParallel when the trial runs as several ranks
+    train_model = torch.compile(train_model) if cfg.compile else train_model
     params = [p for p in model.parameters() if p.requires_grad]
     model.train()
     win_tokens, win_time, evaluated_at = 0, 0.0, -1
     while step < cfg.steps:
-        if ctx.should_stop():
+        if dd.any_rank(ctx.should_stop()):  # every rank stops at the same step (or the others hang)
             checkpoint()
             raise Preempted(f"stop requested; checkpoint saved at step {step}")
-        if cfg.max_time_s and train_time >= cfg.max_time_s:
+        if cfg.max_time_s and dd.any_rank(train_time >= cfg.max_time_s):
             stop_reason = "time_limit"
             break
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         loss_sum, step_tokens = torch.zeros((), device=device), 0
         for micro in range(cfg.grad_accum):
-            batch = to_device(batch_fn(step, micro), device)
-            with autocast(device, cfg.precision):
-                loss, ntok = loss_fn(train_model, batch)
-            (loss / cfg.grad_accum).backward()
+            batch = to_device(dd.shard(batch_fn(step, micro)), device)  # this rank's slice of the micro-batch
+            with dd.no_sync(train_model, micro < cfg.grad_accum - 1):  # DDP: all-reduce after the last micro
+                with autocast(device, cfg.precision):
+                    loss, ntok = loss_fn(train_model, batch)
+                (loss / cfg.grad_accum).backward()
             loss_sum += loss.detach().float()
             step_tokens += int(ntok)
+        loss_sum, step_tokens = dd.reduce_step(loss_sum, step_tokens)  # mean loss, all tokens over the ranks
         loss_val = loss_sum.item() / cfg.grad_accum
         gnorm = float(nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else math.inf))
         if not (math.isfinite(loss_val) and math.isfinite(gnorm)):
