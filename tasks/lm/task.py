@@ -69,6 +69,9 @@ def train(config: dict, cfg: LMConfig, tok, ctx: RunContext, seed: int):
                           shuffle_buffer=cfg.shuffle_buffer)
     val = take_sequences(open_source(cfg.dataset, "validation", **src_kw), tok, cfg.context_len + 1,
                          cfg.val_sequences, stride=cfg.context_len)
+    if len(val) == 0:
+        raise ValueError(f"task.val_fraction: the validation split of {cfg.dataset} holds fewer than "
+                         f"{cfg.context_len + 1} tokens; raise val_fraction (or val_docs for a hub stream)")
 
     model = build_model(config["model"], seed)
     mcfg = model.config.to_dict() if hasattr(model.config, "to_dict") else dict(config["model"])
