@@ -41,6 +41,11 @@ def register(name: str, config: str, run: str, doc: str = "") -> None:
 register("debug", "dpx.tasks.debug.config:DebugConfig", "dpx.tasks.debug.task:run",
          "no model: sleep, log metrics, optionally fail / exit / diverge / hang (for tests and benchmarks)")
 # Tasks register below, one line each.
+register("word_problem", "dpx.tasks.word_problems.config:WordProblemConfig", "dpx.tasks.word_problems.task:run",
+         "group word problems S3/S4/A5/S5: prefix accuracy at every position (paper Fig. 5, 7, 12)")
+register("formal_language", "dpx.tasks.formal_languages.config:FormalLanguageConfig",
+         "dpx.tasks.formal_languages.task:run",
+         "parity, modular arithmetic without/with brackets: scaled accuracy on longer samples (paper Table 2)")
 register("lm", "dpx.tasks.lm.config:LMConfig", "dpx.tasks.lm.task:run",
          "language modelling (paper protocol) on a hub / local / shipped corpus, then optional evals (Tables 3-4)")
 register("lm_eval", "dpx.tasks.lm.config:LMEvalConfig", "dpx.tasks.lm.task:run",

@@ -1,0 +1,1 @@
+"""Formal languages: parity, modular arithmetic without / with brackets (the paper's Table 2)."""

@@ -1,0 +1,86 @@
+"""The `word_problem` task: train a model on S3/S4/A5/S5 word problems, then measure prefix accuracy at every
+position up to the test length (the paper's Fig. 5 / Fig. 12), optionally with the Fig. 7 probe."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from dpx.tasks.context import RunContext
+from dpx.tasks.training import plots
+from dpx.tasks.training.config import EvalConfig, TrainConfig
+from dpx.tasks.training.loop import autocast, fit
+from dpx.tasks.training.model import build_model, num_params
+from dpx.tasks.word_problems.config import WordProblemConfig
+from dpx.tasks.word_problems.data import WordProblemData
+from dpx.tasks.word_problems.metrics import evaluate, max_len_at
+
+
+def run(config: dict, ctx: RunContext) -> dict:
+    task = WordProblemConfig(**config["task"])
+    train = TrainConfig(**config.get("train", {}))
+    ev = EvalConfig(**config.get("eval", {}))
+    task.check_model(config["model"])
+    seed = int(config.get("seed", 0))
+    device = ctx.device
+
+    model = build_model(config["model"], seed)
+    data = WordProblemData(task, seed, train.batch_size // train.grad_accum, train.grad_accum)
+    val_x, val_y = data.eval_set("val", task.val_samples)
+
+    def batch_fn(step: int, micro: int):
+        x, y = data.train_batch(step, micro)
+        return torch.from_numpy(x), torch.from_numpy(y)
+
+    def loss_fn(m, batch):
+        x, y = batch
+        logits = m(x)  # the label at position t is predicted at position t (no shift), BOS included
+        return F.cross_entropy(logits.float().flatten(0, 1), y.flatten()), x.numel()
+
+    def eval_fn(m) -> dict:
+        acc = evaluate(m, val_x, val_y, ev.batch_size, device)
+        return {"val/seq_acc": float(acc.acc_at_pos()[-1]), "val/token_acc": acc.token_acc()}
+
+    result = fit(model, train, ctx, batch_fn=batch_fn, loss_fn=loss_fn, eval_fn=eval_fn)
+
+    ctx.report_progress(1.0, f"testing at length {task.test_len}")
+    test_x, test_y = data.eval_set("test", ev.num_samples)
+    model.eval()
+    with torch.no_grad(), autocast(device, train.precision):
+        acc = evaluate(model, test_x, test_y, ev.batch_size, device)
+    curve = acc.acc_at_pos()
+    positions = np.arange(1, len(curve))
+    ctx.log_curve("acc_at_pos", positions, curve[1:])
+    summary = {
+        "acc_at_train_len": float(curve[task.train_len]),
+        "max_len_acc90": max_len_at(curve, 0.9),
+        "token_acc": acc.token_acc(),
+        "seq_acc": float(curve[-1]),
+        "tokens_per_s": round(result.tokens_per_s, 1),
+        "num_params": num_params(model),
+        **{k: v for k, v in result.last_eval.items()},
+        **result.summary(),
+    }
+    _plot(ctx, task, positions, curve[1:], config)
+    if ev.probe:
+        from dpx.tasks.word_problems.probe import probe
+
+        summary.update(probe(model, task, ev, ctx, device))
+    return summary
+
+
+def _plot(ctx: RunContext, task: WordProblemConfig, xs, ys, config: dict) -> None:
+    plt = plots.pyplot()
+    if plt is None:
+        return
+    m = config["model"]
+    label = (f"{m.get('family', 'model')} n_h={m.get('num_householder', 1)} layers={m.get('num_layers', '?')} "
+             f"β∈{'[0,2]' if m.get('allow_neg_eigval') else '[0,1]'}")
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    ax.plot(xs, ys, label=label)
+    ax.axvline(task.train_len, color="gray", ls="--", lw=1, label=f"train length {task.train_len}")
+    ax.axhline(0.9, color="gray", ls=":", lw=1)
+    ax.set(xlabel="position t", ylabel="prefix accuracy", ylim=(-0.02, 1.02), xlim=(0, task.test_len),
+           title=f"{task.group} word problem")
+    ax.legend(fontsize=7, loc="lower left")
+    plots.save(ctx, fig, "acc_vs_position")
