@@ -66,7 +66,7 @@ CONFIG_FIELDS: dict[str, tuple[str, ...]] = {
     "language": ("task.language", "task.name_variant", "task.variant"),  # parity | mod_arith | mod_arith_brackets
     "dataset": ("task.dataset", "eval.dataset", "task.data"),
     "train_len": ("task.train_len", "task.seq_len", "task.context_len", "train.seq_len"),
-    "seq_len": ("task.seq_len", "task.context_len"),
+    "seq_len": ("task.seq_len", "task.context_len", "task.train_len"),  # Fig. 4's training sequence length
     "batch_size": ("train.batch_size",),
 }
 

@@ -1,9 +1,9 @@
 """Matplotlib figures in the paper's layout, drawn from the results database (Agg backend, no display).
 
-    fig5: prefix accuracy vs position, one panel per group, one line per (n_h, layers); dashed line = train length
+    fig5: prefix accuracy vs position, one panel per group (rows: more n_h, more layers); dashed = train length
     fig8: per-position loss vs position with the paper's 501-token moving average (clipped for short curves)
     fig9: effective rank per head along the sequence, one panel per model (deepest logged layer)
-    fig4: training tokens/s bars per (seq len x batch), one bar per n_h, one panel per matching mode
+    fig4: training tokens/s bars per (seq len x batch), one bar per n_h, one panel per (task, matching mode)
     table2/table3/...: the comparison rendered as a table image (for MLflow; the HTML report uses HTML tables)
 
 `write_plots(db_path, out_dir, recipe=None)` writes every figure that has data and returns the paths; the
@@ -182,10 +182,13 @@ def fig4(db_path, out: Path, recipe: str | None = None) -> Path | None:
         con.close()
     if not data:
         return None
-    modes = sorted({d["matching"] or "not named" for d in data})
+    # one panel per (task, matching mode): throughput of different tasks is not comparable
+    for d in data:
+        d["panel"] = f"{d['task_name'] or '?'}, matched by: {d['matching'] or 'not named'}"
+    modes = sorted({d["panel"] for d in data})
     fig, axes = plt.subplots(len(modes), 1, figsize=(7, 3 * len(modes)), squeeze=False)
     for ax, mode in zip(axes[:, 0], modes):
-        mine = [d for d in data if (d["matching"] or "not named") == mode]
+        mine = [d for d in data if d["panel"] == mode]
         shapes = sorted({(d["seq_len"] or 0, d["batch_size"] or 0) for d in mine})
         variants = sorted({(bool(d["gated"]), d["n_h"] or 1) for d in mine})
         w = 0.8 / max(len(variants), 1)
@@ -194,8 +197,8 @@ def fig4(db_path, out: Path, recipe: str | None = None) -> Path | None:
                         and bool(d["gated"]) == g and (d["n_h"] or 1) == n_h), 0.0) for s in shapes]
             ax.bar(np.arange(len(shapes)) + i * w, ys, w, label=f"{'gated ' if g else ''}n_h={n_h}")
         ax.set_xticks(np.arange(len(shapes)) + w * (len(variants) - 1) / 2)
-        ax.set_xticklabels([f"{s}x{b}" for s, b in shapes])
-        ax.set_title(f"matched by: {mode}")
+        ax.set_xticklabels([f"{s or '?'}x{b or '?'}" for s, b in shapes])
+        ax.set_title(mode)
         ax.set_ylabel("tokens/s")
         ax.legend(fontsize=7)
     axes[-1][0].set_xlabel("sequence length x batch size")

@@ -113,16 +113,17 @@ ORDER BY group_name"""
 def fig4(where: str = "TRUE") -> str:
     return f"""
 WITH r AS (
-  SELECT t.model_label AS model, t.n_h, t.gated, t.matching, t.seq_len, t.batch_size,
+  SELECT t.task_name, t.model_label AS model, t.n_h, t.gated, t.matching, t.seq_len, t.batch_size,
     avg(s.value) AS tokens_per_s, count(DISTINCT t.trial_id) AS n_runs
   FROM trials t JOIN summary s USING (trial_id)
   WHERE {DONE} AND ({where}) AND s.key = {lit(K.TOKENS_PER_S)}
   GROUP BY ALL)
 SELECT a.*, a.tokens_per_s / b.tokens_per_s AS ratio_to_n_h1
-FROM r a LEFT JOIN r b ON b.n_h = 1 AND b.gated IS NOT DISTINCT FROM a.gated
+FROM r a LEFT JOIN r b ON b.n_h = 1 AND b.task_name IS NOT DISTINCT FROM a.task_name
+  AND b.gated IS NOT DISTINCT FROM a.gated
   AND b.matching IS NOT DISTINCT FROM a.matching AND b.seq_len IS NOT DISTINCT FROM a.seq_len
   AND b.batch_size IS NOT DISTINCT FROM a.batch_size
-ORDER BY a.matching, a.seq_len, a.batch_size, a.gated, a.n_h"""
+ORDER BY a.task_name, a.matching, a.seq_len, a.batch_size, a.gated, a.n_h"""
 
 
 def fig8(where: str = "TRUE") -> str:
