@@ -25,7 +25,7 @@ from . import reference, views
 from .rundir import RunDirData, read_run_dir
 
 SECTIONS = ("model", "task", "train", "eval", "hardware")
-SCHEMA_VERSION = 2  # bump when tables or views change; is_current() tells callers to rebuild
+SCHEMA_VERSION = 3  # bump when tables or views change; is_current() tells callers to rebuild
 
 # Fixed columns of `trials` (name, SQL type). Flattened config columns (`model__num_householder`, ...) follow.
 TRIAL_COLUMNS: list[tuple[str, str]] = [
