@@ -16,6 +16,7 @@ from dpx.tasks.word_problems import groups
 from dpx.tasks.word_problems.config import WordProblemConfig
 from dpx.tasks.word_problems.data import WordProblemData, encode
 from dpx.tasks.word_problems.metrics import PrefixAccuracy, max_len_at
+from dpx.tasks.word_problems.probe import beta_per_element, cumulative_explained_variance
 
 
 @pytest.fixture(autouse=True)
@@ -160,8 +161,25 @@ def tiny_config(**train):
     }
 
 
+def test_probe_pieces_against_references():
+    rng = np.random.default_rng(0)
+    basis = np.linalg.qr(rng.normal(size=(8, 3)))[0]  # points in a 3-D subspace of R^8
+    pts = rng.normal(size=(200, 3)) @ basis.T + 5.0
+    cv = cumulative_explained_variance(pts)
+    assert cv[2] == pytest.approx(1.0) and cv[1] < 0.99 and (np.diff(cv) >= -1e-12).all()
+    iso = cumulative_explained_variance(rng.normal(size=(20000, 4)))
+    assert np.allclose(iso, [0.25, 0.5, 0.75, 1.0], atol=0.02)
+    tokens = rng.integers(0, 5, 300)
+    beta = rng.random((300, 2)) * 2
+    b = beta_per_element(tokens, beta, 6)
+    for e in range(5):
+        assert np.allclose(b[e], beta[tokens == e].mean(0))
+    assert np.isnan(b[5]).all()
+
+
 def test_task_end_to_end_writes_curve_figure_and_summary(tmp_path):
     cfg = tiny_config()
+    cfg["eval"]["probe"] = True
     ctx = RunContext(tmp_path, cfg)
     out = TASKS["word_problem"].run_fn()(cfg, ctx)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -176,6 +194,14 @@ def test_task_end_to_end_writes_curve_figure_and_summary(tmp_path):
     assert out["train/steps"] == 8 and "val/seq_acc" in out
     assert (tmp_path / "figures" / "acc_vs_position.png").stat().st_size > 1000
     assert any(r["key"] == "val/seq_acc" and r["step"] == 4 for r in rows)
+    # the Fig. 7 probe: per head betas in [0, 2] per element and step, PCA curves ending at 1
+    for h in range(2):
+        assert 0 <= out[f"probe/l0/h{h}/beta_mean"] <= 2 and 0 < out[f"probe/l0/h{h}/pca3"] <= 1 + 1e-9
+        betas = [r for r in rows if r["key"] == f"probe/beta/l0/h{h}/j1"]
+        assert [r["step"] for r in betas] == list(range(6))
+        pca = [r["value"] for r in rows if r["key"] == f"probe/pca_cumvar/l0/h{h}"]
+        assert len(pca) == 16 and pca[-1] == pytest.approx(1.0)
+    assert "probe/rotation_heads" in out and (tmp_path / "figures" / "probe_layer0.png").exists()
 
 
 def test_task_preempt_and_resume_matches_uninterrupted(tmp_path):
