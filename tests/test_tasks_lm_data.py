@@ -11,7 +11,7 @@ import pytest
 
 from dpx.tasks.lm import sources
 from dpx.tasks.lm.config import LMConfig, check_vocab
-from dpx.tasks.lm.packing import PackedStream, take_sequences
+from dpx.tasks.lm.packing import PackedStream, Prefetcher, take_sequences
 from dpx.tasks.lm.sources import DatasetUnavailable, ListSource, format_row, open_source
 from dpx.tasks.lm.tokenizer import ByteTokenizer, encode_document, load_tokenizer
 
@@ -143,6 +143,34 @@ def test_stream_resumes_exactly_across_epochs(shuffle_buffer):
     np.testing.assert_array_equal(b.next_batch(150), rest)
     with pytest.raises(ValueError, match="context_len"):
         PackedStream(ListSource("t", _docs(3), 0), bt, 9).load_state_dict(state)
+
+
+def test_prefetcher_hands_out_the_stream_and_its_exact_state():
+    bt = ByteTokenizer()
+
+    def make():
+        return PackedStream(ListSource("t", _docs(25), seed=1), bt, 21, stride=20, seed=2, shuffle_buffer=8)
+
+    plain = make()
+    ref = [plain.next_batch(3) for _ in range(40)]
+    pre = Prefetcher(make(), 3, depth=5)
+    got = [pre.next_batch() for _ in range(10)]
+    state = pre.state_dict()  # the producer is ahead by up to 5 batches; the state is that of batch 10
+    got += [pre.next_batch() for _ in range(30)]
+    pre.close()
+    for a, b in zip(ref, got):
+        np.testing.assert_array_equal(a, b)
+    again = Prefetcher(make(), 3)
+    again.load_state_dict(state)
+    for a in ref[10:20]:
+        np.testing.assert_array_equal(again.next_batch(), a)
+    again.close()
+
+
+def test_prefetcher_raises_the_producers_error():
+    pre = Prefetcher(PackedStream(ListSource("empty", [], 0), ByteTokenizer(), 8), 2)
+    with pytest.raises(ValueError, match="no documents"):
+        pre.next_batch()
 
 
 def test_empty_split_is_an_error():

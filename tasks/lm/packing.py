@@ -13,6 +13,8 @@ RNG), so a restored stream continues bit-identically: the training loop saves it
 from __future__ import annotations
 
 import itertools
+import queue
+import threading
 from collections import deque
 from typing import Iterator
 
@@ -104,10 +106,19 @@ class PackedStream:
         return np.stack(rows) if rows else np.zeros((0, self.seq_len), self.dtype)
 
     # ---- exact resume ----------------------------------------------------------------------------------------
-    def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "doc": self.doc, "emitted": self.emitted, "carry": self.carry.copy(),
-                "buffer": [b.copy() for b in self.buffer], "rng": self.rng.bit_generator.state,
+    def snapshot(self) -> dict:
+        """The state without copying arrays (none is modified in place: the carry is re-bound, buffer entries are
+        only moved), cheap enough to take after every batch."""
+        return {"epoch": self.epoch, "doc": self.doc, "emitted": self.emitted, "carry": self.carry,
+                "buffer": list(self.buffer), "rng": self.rng.bit_generator.state,
                 "exhausted": self._exhausted, "seq_len": self.seq_len, "stride": self.stride}
+
+    @staticmethod
+    def copy_state(state: dict) -> dict:
+        return {**state, "carry": np.array(state["carry"]), "buffer": [np.array(b) for b in state["buffer"]]}
+
+    def state_dict(self) -> dict:
+        return self.copy_state(self.snapshot())
 
     def load_state_dict(self, state: dict) -> None:
         if (state["seq_len"], state["stride"]) != (self.seq_len, self.stride):
@@ -124,3 +135,57 @@ class PackedStream:
 def take_sequences(source: DocSource, tok, seq_len: int, n: int, stride: int | None = None) -> np.ndarray:
     """The first `n` sequences of a source in order (validation, evaluation): one pass, no shuffling."""
     return PackedStream(source, tok, seq_len, stride=stride, loop=False).next_batch(n)
+
+
+class Prefetcher:
+    """Batches of a PackedStream made `depth` ahead by a background thread, so tokenisation (SentencePiece releases
+    the GIL) overlaps the training step. `state_dict()` is the stream's state right after the last batch handed
+    out, not after the last one made, so checkpoints stay exact."""
+
+    def __init__(self, stream: PackedStream, batch_size: int, depth: int = 4):
+        self.stream, self.batch_size, self.depth = stream, batch_size, depth
+        self._q: queue.Queue | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._state = stream.state_dict()  # state after the last batch handed out
+
+    def _produce(self, q: queue.Queue, stop: threading.Event) -> None:
+        try:
+            while not stop.is_set():
+                b = self.stream.next_batch(self.batch_size)
+                item = (b, self.stream.snapshot())
+                while not stop.is_set():
+                    try:
+                        q.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer, which raises it
+            q.put((e, None))
+
+    def next_batch(self) -> np.ndarray:
+        if self._thread is None:
+            self._q, self._stop = queue.Queue(self.depth), threading.Event()
+            self._thread = threading.Thread(target=self._produce, args=(self._q, self._stop), daemon=True,
+                                            name="dpx-lm-prefetch")
+            self._thread.start()
+        b, state = self._q.get()
+        if isinstance(b, BaseException):
+            self.close()
+            raise b
+        self._state = state
+        return b
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread, self._q = None, None
+
+    def state_dict(self) -> dict:
+        return PackedStream.copy_state(self._state)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.close()
+        self.stream.load_state_dict(state)
+        self._state = self.stream.state_dict()

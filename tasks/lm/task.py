@@ -22,7 +22,7 @@ from dpx.tasks.training.model import build_model
 
 from . import budget
 from .config import LMConfig, check_vocab
-from .packing import PackedStream, take_sequences
+from .packing import PackedStream, Prefetcher, take_sequences
 from .sources import open_source
 from .tokenizer import load_tokenizer
 
@@ -90,8 +90,10 @@ def train(config: dict, cfg: LMConfig, tok, ctx: RunContext, seed: int):
     print(f"[dpx] lm: {n_params / 1e6:.2f}M parameters, {tc.batch_size} x {cfg.context_len} tokens per step "
           f"({tc.grad_accum} micro-batches of {micro}), memory estimate {mem:.2f} GiB", flush=True)
 
+    feed = Prefetcher(stream, micro)  # tokenises ahead in a thread; its state is that of the batches handed out
+
     def batch_fn(step: int, micro_idx: int):
-        return torch.from_numpy(stream.next_batch(micro).astype(np.int64))
+        return torch.from_numpy(feed.next_batch().astype(np.int64))
 
     def loss_fn(m, batch):
         logits = m(batch[:, :-1])
@@ -104,8 +106,11 @@ def train(config: dict, cfg: LMConfig, tok, ctx: RunContext, seed: int):
         loss = sequence_loss(m, val_t, micro, ctx.device)
         return {"val/loss": loss, "val/ppl": math.exp(min(loss, 50.0))}
 
-    res = fit(model, tc, _MFUContext(ctx, fpt, peak), batch_fn=batch_fn, loss_fn=loss_fn, eval_fn=eval_fn,
-              data_state=stream)
+    try:
+        res = fit(model, tc, _MFUContext(ctx, fpt, peak), batch_fn=batch_fn, loss_fn=loss_fn, eval_fn=eval_fn,
+                  data_state=feed)
+    finally:
+        feed.close()
     if cfg.save_model and hasattr(model, "save_pretrained"):
         model.save_pretrained(ctx.checkpoint_dir / "model")
     summary = {"num_params": n_params, "num_heads": model.config.num_heads, "head_dim": model.config.key_dim,
