@@ -392,8 +392,9 @@ def test_sigterm_checkpoints_and_resumes_with_a_continuous_loss_curve(tmp_path, 
     b = t[bad]
     assert b["status"] == "failed" and "at step" in b["error"], b
     div_step = int(b["error"].split("at step ")[1].split()[0])
-    bcurve = loss_steps(ws / "runs" / "pre" / bad, "train/loss")
-    assert bcurve[-1][0] == div_step and bcurve[-1][1] is None and div_step < steps
+    last = {k: loss_steps(ws / "runs" / "pre" / bad, k)[-1] for k in ("train/loss", "train/grad_norm")}
+    assert div_step < steps and all(s == div_step for s, _ in last.values()), last  # stopped at that step
+    assert any(v is None for _, v in last.values()), last  # the non-finite value, logged as null
 
     # the same trial uninterrupted, in another workspace: the same loss at every step (exact resume)
     ws2 = tmp_path / "ws2"
