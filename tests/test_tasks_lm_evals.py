@@ -151,3 +151,16 @@ def test_adapter_runs_the_table3_tasks_offline(tmp_path):
     assert all(0.0 <= out[k] <= 1.0 for k in SIX)
     assert out["wikitext_ppl"] > 1000  # an untrained 32k-vocab model is close to uniform
     assert (tmp_path / "run" / "metrics.jsonl").read_text().count("lm_eval/avg_acc") == 1
+
+
+def test_adapter_offline_on_hub_tasks_fails_with_one_line(tmp_path, monkeypatch):
+    pytest.importorskip("lm_eval")
+    from dpx.tasks.lm.config import LMEvalOptions
+    from dpx.tasks.lm.lm_eval_adapter import evaluate
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    ctx = RunContext(tmp_path / "run", {"trial_id": "t"}, device="cpu")
+    with pytest.raises(RuntimeError) as e:
+        evaluate(tiny_model(), load_tokenizer("mistral_v1"), LMEvalOptions(tasks=["piqa"], limit=2), ctx)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("task.lm_eval: ") and "data_dir" in msg

@@ -126,29 +126,33 @@ class DpxLM(_template_lm()):
 
 
 # ---- local task files -----------------------------------------------------------------------------------------
-def local_task_dir(tasks: list[str], data_dir: str | Path | None = None) -> tuple[Path, dict[str, str]]:
-    """Write one YAML per task that includes the harness's YAML and reads `<task>.jsonl|parquet` from data_dir
-    (default: the shipped look-alikes). Returns the folder and {our task: local task name}."""
+def task_dir(tasks: list[str], local: bool = False, data_dir: str | Path | None = None) -> tuple[Path, dict[str, str]]:
+    """One YAML per task that `include`s the harness's own YAML (same prompts, metrics, splits), so a TaskManager
+    need not index the harness's thousands of tasks. With `local` or `data_dir` the data set is swapped for
+    `<task>.jsonl|parquet` from data_dir (default: the shipped look-alikes). Returns the folder and
+    {our task: harness task name}."""
     import lm_eval.tasks as lt
     root = Path(lt.__file__).resolve().parent
     out = Path(tempfile.mkdtemp(prefix="dpx_lm_eval_"))
     names = {}
     for t in tasks:
-        if data_dir:
-            hits = [Path(data_dir) / f"{t}{ext}" for ext in (".jsonl", ".json", ".parquet")]
-            hits = [h for h in hits if h.exists()]
-            if not hits:
-                raise FileNotFoundError(f"task.lm_eval.data_dir: no {t}.jsonl or {t}.parquet in {data_dir}")
-            f = hits[0]
-        else:
-            f = DATA_DIR / f"lm_eval_{t}.jsonl"
-        fmt = "parquet" if f.suffix == ".parquet" else "json"
-        name = f"{t}_dpx_local"
-        # every split the harness may ask for points at the one file
-        splits = {s: str(f.resolve()) for s in ("train", "validation", "test")}
-        (out / f"{name}.yaml").write_text(
-            f"include: {root / HARNESS_YAML[t]}\ntask: {name}\ntag: []\ndataset_path: {fmt}\ndataset_name: null\n"
-            f"dataset_kwargs:\n  data_files: {json.dumps(splits)}\n")
+        text = f"include: {root / HARNESS_YAML[t]}\ntag: []\n"
+        name = t
+        if local or data_dir:
+            if data_dir:
+                hits = [Path(data_dir) / f"{t}{ext}" for ext in (".jsonl", ".json", ".parquet")]
+                hits = [h for h in hits if h.exists()]
+                if not hits:
+                    raise FileNotFoundError(f"task.lm_eval.data_dir: no {t}.jsonl or {t}.parquet in {data_dir}")
+                f = hits[0]
+            else:
+                f = DATA_DIR / f"lm_eval_{t}.jsonl"
+            name = f"{t}_dpx_local"
+            # every split the harness may ask for points at the one file
+            splits = {s: str(f.resolve()) for s in ("train", "validation", "test")}
+            text += (f"dataset_path: {'parquet' if f.suffix == '.parquet' else 'json'}\ndataset_name: null\n"
+                     f"dataset_kwargs:\n  data_files: {json.dumps(splits)}\n")
+        (out / f"{name}.yaml").write_text(text + f"task: {name}\n")
         names[t] = name
     return out, names
 
@@ -162,10 +166,8 @@ def evaluate(model, tok, opts: LMEvalOptions, ctx, context_len: int = 2048) -> d
         # the json/parquet builders need no hub; keep `datasets` from trying it
         os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        inc, names = local_task_dir(opts.tasks, opts.data_dir or None)
-        tm = TaskManager(include_path=str(inc), include_defaults=False)  # indexing all harness tasks takes a minute
-    else:
-        tm, names = TaskManager(), {t: t for t in opts.tasks}
+    inc, names = task_dir(opts.tasks, opts.local, opts.data_dir or None)
+    tm = TaskManager(include_path=str(inc), include_defaults=False)  # indexing every harness task takes a minute
     lm = DpxLM(model, tok, batch_size=opts.batch_size, max_length=opts.max_length or context_len,
                device=ctx.device, add_bos=opts.add_bos)
     model.eval()
