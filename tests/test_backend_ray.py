@@ -42,31 +42,36 @@ def stop_group(proc: subprocess.Popen, grace: float = 15) -> None:
             pass
 
 
-@pytest.fixture(scope="module")
-def ray_head():
-    tmp = tempfile.mkdtemp(prefix="dpxray", dir="/tmp")  # short: Ray's unix socket paths live under it
-    port = free_port()
+def start_head(tmp: str) -> tuple[subprocess.Popen, dict] | None:
+    port, client_port = free_port(), free_port()
     cmd = [RAY, "start", "--head", "--block", f"--port={port}", "--num-cpus=2", "--num-gpus=0", f"--temp-dir={tmp}",
-           "--include-dashboard=false", "--disable-usage-stats", f"--ray-client-server-port={free_port()}",
+           "--include-dashboard=false", "--disable-usage-stats", f"--ray-client-server-port={client_port}",
            f"--dashboard-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
            f"--dashboard-agent-grpc-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
            f"--metrics-export-port={free_port()}"]
-    log = open(Path(tmp) / "head.log", "w")
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"ray head exited: {(Path(tmp) / 'head.log').read_text()[-2000:]}")
-        if "block forever" in (Path(tmp) / "head.log").read_text():
-            break
+    log = Path(tmp) / "head.log"
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    deadline = time.time() + 150
+    while time.time() < deadline and proc.poll() is None:
+        if "block forever" in log.read_text():
+            return proc, {"gcs": f"127.0.0.1:{port}", "client": f"ray://127.0.0.1:{client_port}"}
         time.sleep(0.5)
-    else:
-        stop_group(proc)
-        pytest.fail("ray head did not come up in 120 s")
-    yield f"127.0.0.1:{port}"
     stop_group(proc)
-    log.close()
+    return None
+
+
+@pytest.fixture(scope="module")
+def ray_head():
+    tmp = tempfile.mkdtemp(prefix="dpxray", dir="/tmp")  # short: Ray's unix socket paths live under it
+    # two tries: Ray gives a starting node a fixed 30 s to register, which a loaded machine can miss
+    started = start_head(tmp) or start_head(tmp)
+    if started is None:
+        pytest.fail(f"ray head did not come up: {(Path(tmp) / 'head.log').read_text()[-2000:]}")
+    proc, addresses = started
+    yield addresses
+    stop_group(proc)
 
 
 def wait_done(ws: Path, recipe: str, timeout: float = 180) -> list[dict]:
@@ -97,13 +102,14 @@ def runner_of(run_dir: Path, timeout: float = 120) -> psutil.Process:
 @pytest.mark.slow
 def test_killed_worker_is_retried_and_others_undisturbed(tmp_path, ray_head):
     """SIGKILL the Ray worker running one trial: that trial comes back as attempt 2 and resumes from its
-    checkpoint; the other trial runs once, untouched; the killed attempt's subprocess died with its worker."""
+    checkpoint; the other trial runs once, untouched; the killed attempt's subprocess died with its worker.
+    The driver joins through Ray Client (ray://), the other test through the GCS address."""
     ws = tmp_path / "ws"
     recipe = write_recipe(tmp_path / "rk.yaml", f"""
 name: rk
 task: {{name: debug, steps: 16, sleep_s: 8, checkpoint: true}}
 grid: {{task.value: [1, 2]}}
-hardware: {{backend: ray, max_retries: 1, ray: {{address: "{ray_head}"}}}}
+hardware: {{backend: ray, max_retries: 1, ray: {{address: "{ray_head['client']}"}}}}
 """)
     r = run_dpx("submit", str(recipe), ws=ws)
     assert r.returncode == 0, r.stderr
@@ -136,16 +142,18 @@ def test_timeout_stops_trial_gracefully(tmp_path, ray_head):
     recipe = write_recipe(tmp_path / "rt.yaml", f"""
 name: rt
 task: {{name: debug, steps: 100, sleep_s: 100}}
-hardware: {{backend: ray, timeout_min: 0.4, ray: {{address: "{ray_head}"}}}}
+hardware: {{backend: ray, timeout_min: 0.4, ray: {{address: "{ray_head['gcs']}"}}}}
 """)
-    t0 = time.time()
-    r = run_dpx("submit", str(recipe), "--wait", ws=ws, timeout=150, env={"DPX_KILL_GRACE_S": "10"})
+    r = run_dpx("submit", str(recipe), "--wait", ws=ws, timeout=240, env={"DPX_KILL_GRACE_S": "10"})
     assert r.returncode == 1, r.stdout + r.stderr
-    assert time.time() - t0 < 100
     (row,) = wait_done(ws, "rt")
     assert row["status"] == "failed" and "timed out" in row["error"]
-    # the trial got SIGTERM (not a kill): it saw should_stop() and reported a preemption in its own log
-    assert "preempted" in (Path(row["run_dir"]) / "log.txt").read_text()
+    run_dir = Path(row["run_dir"])
+    # the trial got SIGTERM (not a kill): it saw should_stop() and reported a preemption in its own log,
+    # far from its natural end (100 steps of 1 s)
+    assert "preempted, checkpoint saved: stopped at step" in (run_dir / "log.txt").read_text()
+    steps = [json.loads(ln)["step"] for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert 0 < len(steps) < 60
 
 
 def test_bad_ray_input_is_one_line_and_queues_nothing(tmp_path):

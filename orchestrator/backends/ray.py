@@ -137,6 +137,23 @@ def _fits(hardware: dict, cpus: float, gpus: float, where: str) -> None:
                           "hardware.cpus_per_trial")
 
 
+def _connect(ray, address: str, tries: int = 3, **kw) -> None:
+    """ray.init with retries: on a loaded machine a local node can miss Ray's fixed 30 s start-up window, and the
+    Ray Client proxy sometimes fails to fork its per-client server ("Starting Ray client server failed")."""
+    for i in range(tries):
+        try:
+            ray.init(address=address, **kw)
+            return
+        except Exception:  # noqa: BLE001
+            try:
+                ray.shutdown()
+            except Exception:  # noqa: BLE001
+                pass
+            if i == tries - 1:
+                raise
+            time.sleep(2 * (i + 1))
+
+
 class RayBackend(Backend):
     name = "ray"
 
@@ -154,7 +171,7 @@ class RayBackend(Backend):
             kw.update(num_cpus=cpus, num_gpus=gpus, object_store_memory=200 * 1024**2)
         else:
             kw.pop("include_dashboard")
-        ray.init(address=address, **kw)
+        _connect(ray, address, **kw)
         self.address = address
         self.grace_s = float(os.environ.get("DPX_KILL_GRACE_S", "20"))
         total = ray.cluster_resources()
@@ -184,10 +201,11 @@ class RayBackend(Backend):
         import ray
 
         try:  # connecting to a live cluster takes well under a second; it tells us what the cluster has
-            ray.init(address=address, log_to_driver=False, configure_logging=False)
+            _connect(ray, address, log_to_driver=False, configure_logging=False)
             total = ray.cluster_resources()
         except Exception as e:  # noqa: BLE001
-            raise RecipeError(f"cannot connect to Ray at {address}: {str(e).splitlines()[0][:300]}", None,
+            lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [type(e).__name__]
+            raise RecipeError(f"cannot connect to Ray at {address}: {lines[-1][:300]}", None,
                               "hardware.ray.address") from None
         finally:
             ray.shutdown()
@@ -211,7 +229,10 @@ class RayBackend(Backend):
         ref = self.remote.options(name=f"dpx:{launch.recipe}/{launch.trial_id}", **self.options).remote(
             launch.command()[1:], str(launch.run_dir), env, launch.attempt, self.grace_s)
         self.refs[(launch.recipe, launch.trial_id)] = (ref, launch.attempt)
-        return ref.task_id().hex()
+        try:
+            return ref.task_id().hex()
+        except Exception:  # noqa: BLE001 — Ray Client refs have no task id
+            return ref.hex()
 
     def poll(self) -> list[Outcome]:
         if not self.refs:
