@@ -13,7 +13,8 @@ class _Strict(BaseModel):
 
 class RaySettings(_Strict):
     address: Optional[str] = None
-    """unset: start a local Ray instance sized from this section; `auto` or `ray://host:port`: join a cluster"""
+    """unset: start a local Ray instance sized from this section; `auto`, `host:port` (GCS) or
+    `ray://host:port` (Ray Client): join that cluster (its nodes must see the workspace's run dirs)"""
     num_cpus: Optional[int] = None
     """CPUs of the local instance (default: the machine's)"""
     num_gpus: Optional[int] = None
@@ -37,6 +38,20 @@ class SlurmSettings(_Strict):
     """shell lines run before each task (module load ..., source venv)"""
     folder: Optional[str] = None
     """submitit log folder (default: <workspace>/slurm)"""
+    signal_delay_s: int = 90
+    """Slurm sends USR2 this long before the time limit: the trial checkpoints and the task is requeued"""
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.time_min < 1:
+            raise ValueError("time_min: must be >= 1")
+        if self.array_parallelism < 1:
+            raise ValueError("array_parallelism: must be >= 1")
+        if self.max_num_timeout < 0:
+            raise ValueError("max_num_timeout: must be >= 0")
+        if self.mem_gb is not None and self.mem_gb <= 0:
+            raise ValueError("mem_gb: must be > 0")
+        return self
 
 
 class HardwareConfig(_Strict):
