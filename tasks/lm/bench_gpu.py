@@ -67,7 +67,46 @@ def main(argv=None) -> int:
         (out / "curves.json").write_text(json.dumps(curves))
         print(f"[bench] {task} {tid} {row['status']} {row['wall_s']}s {row.get('error', '')}", flush=True)
     print(table(results))
+    (out / "report.md").write_text(markdown(results, curves))
+    print(markdown(results, curves))
     return 0
+
+
+def markdown(results: list[dict], curves: dict) -> str:
+    """Throughput ours vs fla at each shape, and the training runs with their loss curves, as Markdown tables."""
+    done = [r for r in results if r["status"] == "completed"]
+    tp = [r for r in done if r["task"] == "throughput"]
+    lines = []
+    if tp:
+        lines += ["| n_h | heads x d_k | seq x batch | dpx tokens/s | fla tokens/s | dpx / fla | dpx MFU | dpx peak GiB (est.) |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        keyf = lambda r: (r["model"]["num_householder"], r["task_config"]["seq_len"], r["task_config"]["batch_size"])  # noqa: E731
+        for key in sorted({keyf(r) for r in tp}):
+            by = {r["task_config"].get("impl", "dpx"): r["metrics"] for r in tp if keyf(r) == key}
+            d, f = by.get("dpx"), by.get("fla")
+            ref = d or f
+            ratio = f"{d['tokens_per_s'] / f['tokens_per_s']:.2f}" if d and f else "-"
+            lines.append(f"| {key[0]} | {ref['num_heads']} x {ref['head_dim']} | {key[1]} x {key[2]} | "
+                         f"{_fmt(d and d['tokens_per_s'], ',.0f')} | {_fmt(f and f['tokens_per_s'], ',.0f')} | {ratio} | "
+                         f"{_fmt(d and d.get('mfu'), '.3f')} | {_fmt(d and d.get('peak_mem_gib'), '.1f')} "
+                         f"({_fmt(d and d.get('mem_estimate_gib'), '.1f')}) |")
+    lm = [r for r in done if r["task"] != "throughput"]
+    if lm:
+        lines += ["", "| n_h | heads x d_k | params | steps | tokens | tokens/s | MFU | train loss (step) | val loss |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for r in lm:
+            m, c = r["metrics"], curves.get(r["trial_id"], {})
+            pts = c.get("train/loss", [])
+            picks = [p for i, p in enumerate(pts) if i in {0, len(pts) // 4, len(pts) // 2, 3 * len(pts) // 4, len(pts) - 1}]
+            curve = ", ".join(f"{v:.2f} ({s})" for s, v in picks)
+            lines.append(f"| {r['model']['num_householder']} | {m.get('num_heads')} x {m.get('head_dim')} | "
+                         f"{m['num_params'] / 1e6:.1f}M | {m.get('train_steps')} | {m.get('train_tokens', 0) / 1e6:.1f}M | "
+                         f"{_fmt(m.get('tokens_per_s'), ',.0f')} | {_fmt(m.get('mfu'), '.3f')} | {curve} | "
+                         f"{_fmt(m.get('val_loss'), '.3f')} |")
+    bad = [r for r in results if r["status"] != "completed"]
+    for r in bad:
+        lines.append(f"\n- {r['task']} {r['trial_id']}: {r['status']} {r.get('error', '')}")
+    return "\n".join(lines) + "\n"
 
 
 def table(results: list[dict]) -> str:
