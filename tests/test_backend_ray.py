@@ -143,6 +143,7 @@ def test_timeout_stops_trial_gracefully(tmp_path, ray_head):
 name: rt
 task: {{name: debug, steps: 100, sleep_s: 100}}
 hardware: {{backend: ray, timeout_min: 0.4, ray: {{address: "{ray_head['gcs']}"}}}}
+tracking: {{enabled: false}}
 """)
     r = run_dpx("submit", str(recipe), "--wait", ws=ws, timeout=240, env={"DPX_KILL_GRACE_S": "10"})
     assert r.returncode == 1, r.stdout + r.stderr

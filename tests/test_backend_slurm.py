@@ -80,6 +80,7 @@ name: sa
 task: {name: debug, steps: 4, sleep_s: 3}
 grid: {zip: {task.value: [1, 2, 3], task.fail_on_attempts: [0, 1, 0]}}
 hardware: {backend: slurm, slurm: {time_min: 10, array_parallelism: 2, mem_gb: 0.25}}
+tracking: {enabled: false}
 """)
     r = run_dpx("submit", str(recipe), ws=ws, env=FAST)
     assert r.returncode == 0, r.stdout + r.stderr
