@@ -1,0 +1,105 @@
+"""One trial per GPU, on CPU with stand-in GPUs: `gpus_per_trial: 1` on a 2-GPU node runs two trials at once, each
+seeing its own GPU through CUDA_VISIBLE_DEVICES (set by Ray for its tasks, by the local backend from the GPUs it
+was given), and every trial's environment keeps NVLink multicast off."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import write_recipe
+
+SAFE = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+
+
+def submit_watching_envs(recipe: Path, ws: Path, env: dict, timeout: float) -> tuple[int, str, list[dict]]:
+    """`dpx submit --wait`, reading the environment of every trial process (runner) seen while it runs."""
+    e = {**{k: v for k, v in os.environ.items() if k not in SAFE}, **env, "DPX_WORKSPACE": str(ws)}
+    p = subprocess.Popen([sys.executable, "-m", "dpx.orchestrator.cli", "submit", str(recipe), "--wait"], env=e,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    envs: dict[int, dict] = {}
+    deadline = time.time() + timeout
+    while p.poll() is None and time.time() < deadline:
+        for q in psutil.process_iter(["cmdline"]):
+            cmd = q.info["cmdline"] or []
+            if q.pid not in envs and "dpx.orchestrator.runner" in cmd and any(str(ws) in c for c in cmd):
+                try:
+                    envs[q.pid] = q.environ()
+                except psutil.Error:
+                    pass
+        time.sleep(0.3)
+    out = p.communicate(timeout=max(1.0, deadline - time.time()))[0]
+    return p.returncode, out, list(envs.values())
+
+
+def results(ws: Path, recipe: str) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((ws / "runs" / recipe).glob("*/result.json"))]
+
+
+def overlap(a: dict, b: dict) -> float:
+    return min(a["ended_at"], b["ended_at"]) - max(a["started_at"], b["started_at"])
+
+
+def check_one_gpu_each(res: list[dict], n: int, sleep_s: float) -> None:
+    assert len(res) == n and all(r["status"] == "completed" for r in res)
+    assert all(r["cuda_visible_devices"] in ("0", "1") for r in res), [r["cuda_visible_devices"] for r in res]
+    for i, a in enumerate(res):
+        for b in res[i + 1:]:
+            if overlap(a, b) > 0:  # ran at the same time: never on the same GPU
+                assert a["cuda_visible_devices"] != b["cuda_visible_devices"]
+    assert overlap(res[0], res[1]) > sleep_s / 2, "two GPUs, gpus_per_trial 1: the first two ran concurrently"
+
+
+def check_safe_env(envs: list[dict], n: int) -> None:
+    assert len(envs) >= n, f"saw {len(envs)} trial processes"
+    for e in envs:
+        assert {k: e.get(k) for k in SAFE} == SAFE  # NVLink multicast off in every trial
+
+
+TASK = "{name: debug, steps: 4, sleep_s: %s}"
+
+
+def test_local_backend_hands_each_trial_its_own_gpu(tmp_path):
+    """Three trials on two (stand-in) GPUs: two at once, each on its own; the third waits for a free GPU."""
+    ws = tmp_path / "ws"
+    recipe = write_recipe(tmp_path / "lg.yaml", f"""
+name: lg
+task: {TASK % 4}
+grid: {{task.value: [1, 2, 3]}}
+hardware: {{gpus_per_trial: 1}}
+tracking: {{enabled: false}}
+""")
+    # plain processes (no fork server), so each trial's environment is readable from /proc
+    code, out, envs = submit_watching_envs(recipe, ws, {"CUDA_VISIBLE_DEVICES": "0,1", "DPX_FORKSERVER": "0"}, 300)
+    assert code == 0, out
+    res = sorted(results(ws, "lg"), key=lambda r: r["started_at"])
+    check_one_gpu_each(res, 3, 4)
+    check_safe_env(envs, 3)
+    assert overlap(res[0], res[2]) <= 0.5 or overlap(res[1], res[2]) <= 0.5  # never three at once
+
+
+@pytest.mark.slow
+def test_ray_runs_one_trial_per_gpu_with_its_own_cuda_visible_devices(tmp_path):
+    """A local Ray instance with 2 stand-in GPUs (num_gpus: 2 on a CPU machine): Ray assigns GPU ids 0 and 1 to
+    the two concurrent trials and the trial subprocess sees them in CUDA_VISIBLE_DEVICES."""
+    ws = tmp_path / "ws"
+    recipe = write_recipe(tmp_path / "rg.yaml", f"""
+name: rg
+task: {TASK % 8}
+grid: {{task.value: [1, 2]}}
+hardware: {{backend: ray, gpus_per_trial: 1, ray: {{num_cpus: 2, num_gpus: 2}}}}
+tracking: {{enabled: false}}
+""")
+    code, out, envs = submit_watching_envs(recipe, ws, {}, 400)
+    assert code == 0, out
+    res = sorted(results(ws, "rg"), key=lambda r: r["started_at"])
+    check_one_gpu_each(res, 2, 8)
+    check_safe_env(envs, 2)
+    assert {r["cuda_visible_devices"] for r in res} == {"0", "1"}
+
