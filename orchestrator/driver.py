@@ -57,6 +57,13 @@ def log_tail(run_dir: Path, n: int = 3) -> str:
         return ""
 
 
+def _attempt_started(run_dir: Path, attempt: int) -> bool:
+    try:
+        return f"===== attempt {attempt} " in (run_dir / "log.txt").read_text(errors="replace")
+    except OSError:
+        return False
+
+
 def driver_alive(sub) -> bool:
     if sub is None or sub["state"] not in ("starting", "running", "cancelling"):
         return False
@@ -285,6 +292,13 @@ class Driver:
                 continue
             owner = self.store.set_trial(self.recipe, row["trial_id"], expect_status="running", owner=self.sub_id)
             if not owner:
+                continue
+            if (self.backend.name == "local" and not (row["backend_job_id"] or row["pid"])
+                    and not _attempt_started(Path(row["run_dir"]), row["attempts"])):
+                # claimed, but its driver died before starting it (the local backend writes the attempt header
+                # before it spawns): not an attempt, so back to the queue instead of failing as "lost"
+                self.store.set_trial(self.recipe, row["trial_id"], expect_status="running", status="pending",
+                                     owner=None, attempts=max(0, row["attempts"] - 1))
                 continue
             self.mine[row["trial_id"]] = {"attempt": row["attempts"], "started": row["started_at"] or time.time(),
                                           "reason": None}

@@ -446,3 +446,41 @@ def test_two_submits_at_once_and_queries_while_writing(tmp_path, mlflow_template
     children = [x for x in client.search_runs([exps[0].experiment_id], max_results=1000)
                 if x.data.tags.get("dpx.kind") == "trial"]
     assert sorted(c.data.tags["dpx.trial_id"] for c in children) == sorted(t)
+
+
+# ---- a driver killed between claiming a trial and starting it ----------------------------------------------------
+
+def test_claimed_but_never_started_trial_is_requeued_not_lost(tmp_path, dpx):
+    """The state a driver leaves when SIGKILLed right after claiming trials (status running, no process yet).
+    The next `dpx submit` must run a claim that never started (its log has no header for that attempt) as if
+    nothing happened, and settle one whose attempt did start but whose process is gone as lost."""
+    import socket
+
+    from dpx.orchestrator.state import StateStore
+    from dpx.orchestrator.trials import expand
+    from dpx.orchestrator.workspace import Workspace
+
+    recipe = tmp_path / "claim.yaml"
+    recipe.write_text("name: claim\ntask: {name: debug, steps: 1}\ntracking: {enabled: false}\n"
+                      "grid: {task.value: [1.0, 2.0, 3.0]}\nhardware: {max_parallel: 2}\n")
+    ex = expand(recipe)
+    w = Workspace(tmp_path / "ws").create()
+    store = StateStore(w.state_db)
+    store.add_submission("dead", ex.recipe, str(recipe), [], "local", ex.trials, lambda t: w.run_dir("claim", t.trial_id))
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid that is no longer alive: the dead driver's
+    store.update_submission("dead", state="running", driver_pid=gone.pid, driver_host=socket.gethostname())
+    never, started, untouched = (t.trial_id for t in ex.trials)
+    for tid in (never, started):
+        assert store.claim("claim", tid, "dead") is not None
+    d = w.run_dir("claim", started)
+    d.mkdir(parents=True)
+    (d / "log.txt").write_text("\n===== attempt 1 2026-01-01 00:00:00 =====\n")  # it started, then vanished
+    store.close()
+
+    r = dpx("submit", str(recipe), "--wait", ws=w.root)
+    t = trials(w.root)
+    assert t[never]["status"] == "completed" and t[never]["attempts"] == 1, t[never]
+    assert t[untouched]["status"] == "completed" and t[untouched]["attempts"] == 1
+    assert t[started]["status"] == "failed" and "worker lost" in t[started]["error"], t[started]
+    assert r.returncode == 1
