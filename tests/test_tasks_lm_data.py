@@ -200,6 +200,14 @@ def test_tokenizer_vocab_mismatch_is_a_validation_error():
         check_vocab({"tokenizer": "mistral_v1"}, {"vocab_size": 50257})
 
 
+def test_shipped_tokenizer_is_mistral_commons_file():
+    import hashlib
+    from dpx.tasks.lm.tokenizer import MISTRAL_V1
+    digest = hashlib.sha256(MISTRAL_V1.read_bytes()).hexdigest()
+    assert digest == "dadfd56d766715c61d2ef780a525ab43b8e6da4de6865bda3d95fdef5e134055"  # data/NOTICE.md
+    assert digest in (MISTRAL_V1.parent / "NOTICE.md").read_text()
+
+
 def test_shipped_files_are_small():
     total = sum(p.stat().st_size for p in sources.DATA_DIR.iterdir())
     assert total < 5 * 2**20
