@@ -136,7 +136,7 @@ def _submit(recipe: str, overrides: list[str], wait: bool, workspace: Optional[s
         pid = spawn_driver(ws, sub_id)
         store.update_submission(sub_id, driver_pid=pid, driver_host=__import__("socket").gethostname(),
                                 heartbeat=time.time())
-        out.print(f"driver pid {pid}; log {ws.drivers / (sub_id + '.log')}")
+        out.print(f"driver pid {pid}; log {escape(str(ws.drivers / (sub_id + '.log')))}")  # a path is not markup
         if ex.meta.hardware.backend == "slurm" and not wait:  # return once sbatch has accepted the arrays
             from .backends.slurm import wait_accepted
 

@@ -6,6 +6,7 @@ import json
 import time
 from pathlib import Path
 
+from rich.markup import escape  # errors carry log tails ("[dpx] ...", "[/x]"): text, not markup
 from rich.table import Table
 
 from .driver import driver_alive, read_json
@@ -50,13 +51,13 @@ def print_results(ws, store: StateStore, recipe: str, sub_id: str, axes: list[st
     console.print(t)
     for r in rows:
         if r["status"] == "failed":
-            console.print(f"[red]{r['trial_id']}[/red] failed: {r['error']}  (dpx logs {r['trial_id']})",
+            console.print(f"[red]{r['trial_id']}[/red] failed: {escape(r['error'] or '')}  (dpx logs {r['trial_id']})",
                           highlight=False, soft_wrap=True)
 
 
 def print_status(ws, store: StateStore, recipe: str | None, console, all_trials: bool = False) -> None:
     recipes = [recipe] if recipe else sorted({r["recipe"] for r in store.q("SELECT recipe FROM trials")})
-    t = Table(title=f"dpx status ({ws.root})")
+    t = Table(title=f"dpx status ({escape(str(ws.root))})")
     for col in ("recipe", "total", "completed", "running", "pending", "failed", "cancelled", "driver"):
         t.add_column(col, justify="right" if col not in ("recipe", "driver") else "left")
     notes = []
@@ -73,7 +74,7 @@ def print_status(ws, store: StateStore, recipe: str | None, console, all_trials:
     console.print(t)
     for name in recipes:
         for r in store.trials(recipe=name, status="failed"):
-            console.print(f"[red]failed[/red] {name}/{r['trial_id']} (attempts {r['attempts']}): {r['error']}",
+            console.print(f"[red]failed[/red] {name}/{r['trial_id']} (attempts {r['attempts']}): {escape(r['error'] or '')}",
                           highlight=False, soft_wrap=True)
         if all_trials:
             for r in store.trials(recipe=name):

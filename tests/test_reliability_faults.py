@@ -131,7 +131,9 @@ hardware: {max_parallel: 2}
 
 
 def test_faults_fail_only_their_trial_and_rerun_completes(tmp_path, dpx):
-    ws = new_ws(tmp_path)
+    base = tmp_path / "a[" / "b]"  # error lines quote paths: "[/b]" must print as text, not as rich markup
+    base.mkdir(parents=True)
+    ws = new_ws(base)
     recipe = tmp_path / "faults.yaml"
     recipe.write_text(FAULTS)
     pts = expand_ids(dpx, recipe)
@@ -166,7 +168,8 @@ def test_faults_fail_only_their_trial_and_rerun_completes(tmp_path, dpx):
     assert [s for s, _ in steps] == [0, 1, 2] and steps[-1][1] is None  # stopped at the NaN, logged as null
 
     st = dpx("status", str(recipe), ws=ws)
-    assert st.returncode == 0 and "No space left on device" in st.stdout
+    assert st.returncode == 0 and "No space left on device" in st.stdout, st.stdout + st.stderr
+    assert str(runs / by["blocked"]) in st.stdout and "[dpx] trial" in st.stdout, st.stdout  # error text verbatim
 
     # clear the obstacles; rerun --failed runs exactly the failed trials again, the completed ones stay put
     (runs / by["full"] / "metrics.jsonl").unlink()
