@@ -3,9 +3,9 @@
 torchrun starts one runner per rank (orchestrator/distributed.py); `worker_context` brings the process group up
 (NCCL on GPUs, gloo on CPU), pins the rank's GPU and returns the rank's RunContext. In the loop:
 
-- every rank draws the same global micro-batch from `batch_fn(step, micro)` and keeps its 1/world slice of dim 0
-  (`shard`): the data position stays the step on every rank, so resume is exact and the global batch is the
-  recipe's `batch_size` whatever the world size;
+- rank 0 alone calls `batch_fn(step, micro)` and scatters 1/world of dim 0 to each rank (`next_shard`): one data
+  pipeline (tokenisation) feeds every rank, and the global batch, its order and the saved data position are a
+  single process's, so the recipe's `batch_size` holds whatever the world size and resume stays exact;
 - the model is wrapped in DistributedDataParallel (`wrap`); gradients are averaged, so a step equals a
   single-process step on the global batch;
 - the logged loss is the mean over ranks and tokens the sum (`reduce_step`); stop decisions (SIGTERM, time limit)
@@ -22,7 +22,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -65,11 +65,8 @@ def no_sync(model: nn.Module, skip: bool):
     return contextlib.nullcontext()
 
 
-def shard(batch: Any) -> Any:
-    """This rank's slice of dim 0 of every tensor in a (nested) batch; the batch must divide evenly."""
-    if not active():
-        return batch
-    r, w = rank(), world_size()
+def _slice(batch: Any, r: int, w: int) -> Any:
+    """Rank r's slice of dim 0 of every tensor in a (nested) batch; the batch must divide evenly."""
     if torch.is_tensor(batch):
         if batch.ndim == 0 or batch.shape[0] % w:
             raise ValueError(f"hardware: a micro-batch of {batch.shape[0] if batch.ndim else 0} sequences does not "
@@ -77,10 +74,29 @@ def shard(batch: Any) -> Any:
         n = batch.shape[0] // w
         return batch[r * n:(r + 1) * n]
     if isinstance(batch, dict):
-        return {k: shard(v) for k, v in batch.items()}
+        return {k: _slice(v, r, w) for k, v in batch.items()}
     if isinstance(batch, (list, tuple)):
-        return type(batch)(shard(v) for v in batch)
+        return type(batch)(_slice(v, r, w) for v in batch)
     return batch
+
+
+def next_shard(batch_fn: Callable[[int, int], Any], step: int, micro: int) -> Any:
+    """This rank's part of the micro-batch `batch_fn(step, micro)` (the whole of it when not distributed). Rank 0
+    makes the batch and scatters the slices; an error there is raised on every rank, so none waits forever."""
+    if not active():
+        return batch_fn(step, micro)
+    w, parts = world_size(), None
+    if is_main():
+        try:
+            b = batch_fn(step, micro)
+            parts = [_slice(b, r, w) for r in range(w)]
+        except Exception as e:  # noqa: BLE001 — handed to every rank, which raises it
+            parts = [e] * w
+    out: list = [None]
+    dist.scatter_object_list(out, parts, src=0)
+    if isinstance(out[0], Exception):
+        raise out[0]
+    return out[0]
 
 
 def _device() -> torch.device:

@@ -201,7 +201,7 @@ def fit(model: nn.Module, cfg: TrainConfig | dict, ctx, *,
         opt.zero_grad(set_to_none=True)
         loss_sum, step_tokens = torch.zeros((), device=device), 0
         for micro in range(cfg.grad_accum):
-            batch = to_device(dd.shard(batch_fn(step, micro)), device)  # this rank's slice of the micro-batch
+            batch = to_device(dd.next_shard(batch_fn, step, micro), device)  # this rank's slice of the micro-batch
             with dd.no_sync(train_model, micro < cfg.grad_accum - 1):  # DDP: all-reduce after the last micro
                 with autocast(device, cfg.precision):
                     loss, ntok = loss_fn(train_model, batch)
