@@ -75,6 +75,7 @@ def ray_head():
 
 
 def wait_done(ws: Path, recipe: str, timeout: float = 180) -> list[dict]:
+    from dpx.orchestrator.driver import driver_alive
     from dpx.orchestrator.state import StateStore
 
     store = StateStore(ws / "state.db")
@@ -82,7 +83,8 @@ def wait_done(ws: Path, recipe: str, timeout: float = 180) -> list[dict]:
     while time.time() < deadline:
         rows = [dict(r) for r in store.trials(recipe=recipe)]
         subs = store.submissions(recipe)
-        if rows and all(s["state"] not in ("starting", "running") for s in subs):
+        if rows and not any(driver_alive(s) for s in subs) and all(r["status"] not in ("pending", "running")
+                                                                  for r in rows):
             return rows
         time.sleep(0.5)
     raise AssertionError(f"{recipe} not done after {timeout}s: {[(r['trial_id'], r['status']) for r in rows]}")
@@ -173,3 +175,33 @@ hardware: {{backend: ray, ray: {{address: "127.0.0.1:{dead}"}}}}
     r = run_dpx("submit", str(recipe), "hardware.ray.address=null", "hardware.gpus_per_trial=4", ws=ws)
     assert r.returncode == 2 and "hardware.gpus_per_trial" in r.stderr and "GPU" in r.stderr, r.stderr
     assert not (ws / "state.db").exists()
+
+
+@pytest.mark.slow
+def test_killed_driver_loses_nothing(tmp_path, ray_head):
+    """On a cluster the trial actors are detached: SIGKILL the driver mid-run, the trials keep running, and the
+    next `dpx submit` adopts them by name; each trial ran exactly once."""
+    ws = tmp_path / "ws"
+    recipe = write_recipe(tmp_path / "rd.yaml", f"""
+name: rd
+task: {{name: debug, steps: 10, sleep_s: 10}}
+grid: {{task.value: [1, 2]}}
+hardware: {{backend: ray, ray: {{address: "{ray_head['gcs']}"}}}}
+tracking: {{enabled: false}}
+""")
+    r = run_dpx("submit", str(recipe), ws=ws)
+    assert r.returncode == 0, r.stderr
+    ids = run_dpx("expand", str(recipe), "--format", "ids").stdout.split()
+    runners = [runner_of(ws / "runs" / "rd" / i) for i in ids]
+    from dpx.orchestrator.state import StateStore
+
+    (sub,) = StateStore(ws / "state.db").submissions("rd")
+    os.kill(sub["driver_pid"], signal.SIGKILL)
+    time.sleep(3)
+    assert all(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in runners)  # not fate-shared
+    r = run_dpx("submit", str(recipe), "--wait", ws=ws, timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = wait_done(ws, "rd")
+    assert [r["status"] for r in rows] == ["completed", "completed"] and all(r["attempts"] == 1 for r in rows)
+    for r in rows:
+        assert (Path(r["run_dir"]) / "log.txt").read_text().count("===== attempt") == 1

@@ -1,16 +1,18 @@
-"""Ray backend: each trial attempt is one Ray task holding the recipe's resources (CPUs, GPUs, memory) that runs
+"""Ray backend: each trial attempt is one Ray actor holding the recipe's resources (CPUs, GPUs, memory) that runs
 the runner command as a subprocess on whichever node Ray picks. The run dir (on a filesystem every node sees) is
-the result channel; the task only returns the exit code.
+the result channel; the actor only returns the exit code.
 
 - `hardware.ray.address` unset: a fresh local instance sized from the recipe (`address="local"` always, never
   Ray's guess: a stale `ray_current_cluster` file makes a bare `ray.init()` retry forever). `auto`, `host:port`
   or `ray://host:port`: join that cluster.
-- Ray itself never retries (max_retries=0): a lost worker (killed, OOM, node died) comes back as an outcome with
+- On a cluster the actors are detached and named (`dpx/<recipe>/<trial>/<attempt>`): a killed driver loses
+  nothing; the next `dpx submit` adopts the running attempts by name.
+- Ray itself never retries (max_restarts=0): a lost worker (killed, OOM, node died) comes back as an outcome with
   reason "lost" and the driver retries it as a new, counted attempt (hardware.max_retries).
 - The trial subprocess dies with its Ray worker (PR_SET_PDEATHSIG), so a retry never races an orphan that still
   writes the run dir.
-- Cancel and per-trial timeout: `ray.cancel` raises KeyboardInterrupt in the task, which sends SIGTERM to the
-  trial (it checkpoints), waits a grace period, then SIGKILLs it.
+- Cancel and per-trial timeout: the actor sends SIGTERM to the trial (it checkpoints), SIGKILL after the grace
+  period (DPX_KILL_GRACE_S); an actor that does not answer is killed.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from .local import visible_gpus
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # local/CI clusters run without tokens; set `token` to opt in
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+NAMESPACE = "dpx"  # trial actors are named dpx/<recipe>/<trial_id>/<attempt> in this namespace
 
 
 def _die_with_parent() -> None:
@@ -42,37 +45,48 @@ def _die_with_parent() -> None:
         pass
 
 
-def run_trial_process(cmd_tail: list[str], run_dir: str, env: dict, attempt: int, grace_s: float) -> int:
-    """Body of the Ray task (runs on a worker): start the runner, wait, forward a cancel as SIGTERM."""
-    cmd = [sys.executable, *cmd_tail]  # the worker's own python: nodes may install the venv elsewhere
-    full_env = {**os.environ, **env}
-    with open(Path(run_dir) / "log.txt", "ab") as log:
-        log.write(f"\n===== attempt {attempt} {time.strftime('%Y-%m-%d %H:%M:%S')} on {socket.gethostname()} "
-                  f"(ray worker pid {os.getpid()}) =====\n".encode())
-        log.flush()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env,
-                                cwd=run_dir, start_new_session=True, preexec_fn=_die_with_parent)
-    try:
-        import ray
+class TrialActor:
+    """One trial attempt on a Ray worker (a threaded actor, so `wait` and `stop` answer while `run` runs).
 
-        ctx = ray.get_runtime_context()
-    except Exception:  # noqa: BLE001 — called outside Ray (tests)
-        ctx = None
-    try:
-        while True:  # short waits: ray.cancel only sets a flag (or interrupts between bytecodes)
-            try:
-                return proc.wait(timeout=0.5)
-            except subprocess.TimeoutExpired:
-                if ctx is not None and ctx.is_canceled():
-                    raise KeyboardInterrupt("cancelled by the driver") from None
-    except BaseException:
-        _signal_group(proc.pid, signal.SIGTERM)
+    On a cluster it is detached: it outlives a killed driver, and the next driver finds it by name and waits
+    for it, so nothing running is lost. Its resources (CPUs, GPUs, memory) are held for its lifetime, which
+    ends when the driver kills it after reading the outcome."""
+
+    def __init__(self):
+        import threading
+
+        self.proc: subprocess.Popen | None = None
+        self.code: int | None = None
+        self.ended = threading.Event()
+
+    def run(self, cmd_tail: list[str], run_dir: str, env: dict, attempt: int) -> int:
+        cmd = [sys.executable, *cmd_tail]  # the worker's own python: nodes may install the venv elsewhere
         try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            _signal_group(proc.pid, signal.SIGKILL)
-            proc.wait()
-        raise
+            with open(Path(run_dir) / "log.txt", "ab") as log:
+                log.write(f"\n===== attempt {attempt} {time.strftime('%Y-%m-%d %H:%M:%S')} on "
+                          f"{socket.gethostname()} (ray worker pid {os.getpid()}) =====\n".encode())
+                log.flush()
+                self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                             env={**os.environ, **env}, cwd=run_dir, start_new_session=True,
+                                             preexec_fn=_die_with_parent)
+            while (code := self.proc.poll()) is None:  # this thread forked it: PDEATHSIG needs it alive
+                time.sleep(0.3)
+            self.code = code
+            return code
+        finally:
+            self.ended.set()
+
+    def wait(self) -> int | None:
+        self.ended.wait()
+        return self.code
+
+    def stop(self, grace_s: float) -> None:
+        """SIGTERM (the trial checkpoints and exits), SIGKILL after the grace period."""
+        if self.proc is None:
+            return
+        _signal_group(self.proc.pid, signal.SIGTERM)
+        if not self.ended.wait(grace_s):
+            _signal_group(self.proc.pid, signal.SIGKILL)
 
 
 def _signal_group(pid: int, sig: int) -> None:
@@ -164,7 +178,7 @@ class RayBackend(Backend):
         self.hw = hardware
         self.settings = hardware.get("ray") or {}
         address = resolve_address(self.settings.get("address"))
-        kw = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
+        kw = dict(include_dashboard=False, log_to_driver=False, configure_logging=False, namespace=NAMESPACE)
         if address == "local":
             os.environ.pop("RAY_ADDRESS", None)  # the recipe asked for a local instance; Ray lets the env win
             cpus, gpus = _local_size(hardware)
@@ -182,13 +196,16 @@ class RayBackend(Backend):
             slots = min(slots, int(total.get("GPU", 0) // need_g))
         self.slots = int(hardware.get("max_parallel") or max(1, slots))
         mem = self.settings.get("memory_gb_per_trial")
-        self.options = dict(num_cpus=need_c, num_gpus=need_g, max_retries=0, retry_exceptions=False)
+        self.options = dict(num_cpus=need_c, num_gpus=need_g, max_restarts=0, max_task_retries=0,
+                            max_concurrency=4, namespace=NAMESPACE)
         if mem:
             self.options["memory"] = int(mem * 1024**3)
-        self.remote = ray.remote(run_trial_process)
-        self.refs: dict[tuple[str, str], tuple[object, int]] = {}
+        if address != "local":  # a local instance dies with the driver anyway
+            self.options["lifetime"] = "detached"
+        self.actor_cls = ray.remote(TrialActor)
+        self.live: dict[tuple[str, str], dict] = {}  # key → {"ref", "actor", "attempt"}
         self.cancel_reason: dict[tuple[str, str], str] = {}
-        self.force_at: dict[tuple[str, str], float] = {}
+        self.kill_at: dict[tuple[str, str], float] = {}
 
     @classmethod
     def check(cls, hardware: dict, workspace) -> None:
@@ -200,7 +217,7 @@ class RayBackend(Backend):
         _reachable(address)
         import ray
 
-        try:  # connecting to a live cluster takes well under a second; it tells us what the cluster has
+        try:  # connecting to a live cluster takes about a second; it tells us what the cluster has
             _connect(ray, address, log_to_driver=False, configure_logging=False)
             total = ray.cluster_resources()
         except Exception as e:  # noqa: BLE001
@@ -212,10 +229,10 @@ class RayBackend(Backend):
         _fits(hardware, total.get("CPU", 0), total.get("GPU", 0), f"the Ray cluster at {address}")
 
     def capacity(self) -> int:
-        return self.slots - len(self.refs)
+        return self.slots - len(self.live)
 
     def running(self) -> int:
-        return len(self.refs)
+        return len(self.live)
 
     def start(self, launch: Launch) -> str:
         hw = launch.config.get("hardware", {})
@@ -226,49 +243,63 @@ class RayBackend(Backend):
         for k in ("DPX_MLFLOW_URI", "DPX_WORKSPACE"):  # remote nodes do not inherit the driver's environment
             if k in os.environ and k not in env:
                 env[k] = os.environ[k]
-        ref = self.remote.options(name=f"dpx:{launch.recipe}/{launch.trial_id}", **self.options).remote(
-            launch.command()[1:], str(launch.run_dir), env, launch.attempt, self.grace_s)
-        self.refs[(launch.recipe, launch.trial_id)] = (ref, launch.attempt)
+        name = f"dpx/{launch.recipe}/{launch.trial_id}/{launch.attempt}"
+        try:  # a leftover of this very attempt (driver killed between start and adopt): replace it
+            self.ray.kill(self.ray.get_actor(name, namespace=NAMESPACE))
+        except ValueError:
+            pass
+        actor = self.actor_cls.options(name=name, **self.options).remote()
+        ref = actor.run.remote(launch.command()[1:], str(launch.run_dir), env, launch.attempt)
+        self.live[(launch.recipe, launch.trial_id)] = {"ref": ref, "actor": actor, "attempt": launch.attempt}
+        return name
+
+    def adopt(self, recipe: str, trial_id: str, handle: str, run_dir: Path, attempt: int) -> bool:
+        """Find the detached actor of a dead driver's trial and wait for it (cluster mode only)."""
+        if self.address == "local" or not handle or not handle.startswith("dpx/"):
+            return False
         try:
-            return ref.task_id().hex()
-        except Exception:  # noqa: BLE001 — Ray Client refs have no task id
-            return ref.hex()
+            actor = self.ray.get_actor(handle, namespace=NAMESPACE)
+        except ValueError:
+            return False
+        self.live[(recipe, trial_id)] = {"ref": actor.wait.remote(), "actor": actor, "attempt": attempt}
+        return True
 
     def poll(self) -> list[Outcome]:
-        if not self.refs:
+        if not self.live:
             return []
         now = time.time()
-        for key, at in list(self.force_at.items()):  # a trial that ignored SIGTERM past the grace: kill the worker
-            if now > at and key in self.refs:
-                del self.force_at[key]
-                self.ray.cancel(self.refs[key][0], force=True)
-        by_ref = {v[0]: k for k, v in self.refs.items()}
+        for key, at in list(self.kill_at.items()):  # a trial that ignored SIGTERM past the grace: kill the actor
+            if now > at and key in self.live:
+                del self.kill_at[key]
+                self.ray.kill(self.live[key]["actor"])
+        by_ref = {v["ref"]: k for k, v in self.live.items()}
         ready, _ = self.ray.wait(list(by_ref), num_returns=len(by_ref), timeout=0)
         out = []
         for ref in ready:
             key = by_ref[ref]
-            _, attempt = self.refs.pop(key)
-            self.force_at.pop(key, None)
+            entry = self.live.pop(key)
+            self.kill_at.pop(key, None)
             reason = self.cancel_reason.pop(key, None)
-            code, detail = None, ""
+            code, detail, why = None, "", "exited"
             try:
                 code = self.ray.get(ref)
-                why = "exited"
-            except self.ray.exceptions.TaskCancelledError:
-                why = reason or "cancelled"
-            except self.ray.exceptions.RayError as e:  # worker crashed, node died, OOM-killed, ...
-                why = reason or "lost"
+            except self.ray.exceptions.RayError as e:  # worker crashed, node died, OOM-killed, actor killed
+                why = "lost"
                 detail = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"
-            out.append(Outcome(key[0], key[1], attempt, code, reason or why, detail))
+            try:  # detached actors live until killed; their resources go back to the cluster now
+                self.ray.kill(entry["actor"])
+            except Exception:  # noqa: BLE001
+                pass
+            out.append(Outcome(key[0], key[1], entry["attempt"], code, reason or why, detail))
         return out
 
     def cancel(self, recipe: str, trial_id: str, reason: str = "cancelled") -> None:
-        entry = self.refs.get((recipe, trial_id))
+        entry = self.live.get((recipe, trial_id))
         if not entry:
             return
         self.cancel_reason[(recipe, trial_id)] = reason
-        self.force_at[(recipe, trial_id)] = time.time() + self.grace_s + 10
-        self.ray.cancel(entry[0], force=False)
+        self.kill_at[(recipe, trial_id)] = time.time() + self.grace_s + 15
+        entry["actor"].stop.remote(self.grace_s)
 
     def close(self) -> None:
         try:

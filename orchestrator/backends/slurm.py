@@ -24,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..distributed import set_safe_env
 from ..errors import RecipeError, did_you_mean
 from .base import Backend, Launch, Outcome
 
@@ -226,8 +227,10 @@ class SlurmBackend(Backend):
             for ln in batch:
                 hw = ln.config.get("hardware", {})
                 threads = hw.get("threads_per_trial") or max(1, int(float(hw.get("cpus_per_trial") or 1)))
-                envs.append({**ln.env, "DPX_TRIAL_ID": ln.trial_id, "DPX_ATTEMPT": str(ln.attempt),
-                             "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(threads)})
+                env = {**ln.env, "DPX_TRIAL_ID": ln.trial_id, "DPX_ATTEMPT": str(ln.attempt),
+                       "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(threads)}
+                set_safe_env(env)  # no NVLink multicast on shared nodes
+                envs.append(env)
             self.executor.update_parameters(job_name=f"dpx-{batch[0].recipe}"[:64])
             try:
                 jobs = self.executor.map_array(SlurmTrial(self.grace_s), [str(ln.run_dir) for ln in batch],
