@@ -5,6 +5,9 @@ in the state store, in DuckDB and in MLflow — and each trial ran once. The wal
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -26,7 +29,20 @@ def test_thousand_trials_exactly_thousand_rows(tmp_path, dpx, mlflow_template): 
     print(f"\n[load] {N} trials, submit --wait: {wall:.1f} s wall")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     wait_for(lambda: drivers_done(ws), 600, "the driver to close (MLflow parent run, DuckDB, figures)")
+    closed = time.time() - t0
     t = trials(ws)
+    # anchor for BENCHMARKS.md: the same trial as a bare runner process, started by hand, one after another
+    bare = []
+    for i, v in enumerate(list(t.values())[:10]):
+        d = tmp_path / "bare" / str(i)
+        d.mkdir(parents=True)
+        shutil.copy(Path(v["run_dir"]) / "config.json", d / "config.json")
+        s0 = time.time()
+        subprocess.run([sys.executable, "-m", "dpx.orchestrator.runner", str(d)], check=True, capture_output=True)
+        bare.append(time.time() - s0)
+    per = sorted(bare)[len(bare) // 2]
+    print(f"[load] driver closed at {closed:.1f} s; bare runner process {per:.2f} s median; "
+          f"grid {wall / N:.3f} s/trial = {wall / N / per:.2f}x one bare process (serial)")
     assert len(t) == N and all(v["status"] == "completed" and v["attempts"] == 1 for v in t.values())
     assert sum(attempts_in_log(Path(v["run_dir"])) for v in t.values()) == N  # each ran exactly once
 
