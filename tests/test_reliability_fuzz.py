@@ -46,10 +46,11 @@ OUT_OF_RANGE = [  # (section, field, values that are the right type but out of r
     ("hardware", "device", st.text(max_size=8).filter(lambda s: s not in ("auto", "cpu", "cuda"))),
 ]
 NUMBER_WORDS = {"inf", "+inf", "-inf", "infinity", "+infinity", "-infinity", "nan", "+nan", "-nan"}
-BOOL_WORDS = {"0", "1", "t", "f", "y", "n", "true", "false", "yes", "no", "on", "off", "off"}
+BOOL_WORDS = {"0", "1", "t", "f", "y", "n", "true", "false", "yes", "no", "on", "off"}  # pydantic's lax bools
 
-# text that no numeric field accepts (pydantic's lax mode parses "1_000", " 3 ", "inf", "1e3" ...)
+
 def _numeric(s: str) -> bool:
+    """Text a numeric field would accept after all (pydantic's lax mode parses "1_000", " 3 ", "inf", "1e3")."""
     t = s.strip().replace("_", "")
     if t.lower() in NUMBER_WORDS:
         return True
@@ -69,7 +70,7 @@ def bad_value(kind: str) -> st.SearchStrategy:
     """A value no field of `kind` accepts (even in pydantic's lax mode)."""
     non_numeric = texts.filter(lambda s: not _numeric(s) and s.strip().lower() not in BOOL_WORDS)
     if kind == "int":
-        fractional = st.floats(allow_nan=False, allow_infinity=False).filter(lambda f: f != int(f) if math.isfinite(f) else False)
+        fractional = st.floats(allow_nan=False, allow_infinity=False).filter(lambda f: f != math.floor(f))
         return st.one_of(non_numeric, containers, fractional)
     if kind == "float":
         return st.one_of(non_numeric, containers)
