@@ -103,3 +103,23 @@ tracking: {{enabled: false}}
     check_safe_env(envs, 2)
     assert {r["cuda_visible_devices"] for r in res} == {"0", "1"}
 
+
+
+@pytest.mark.slow
+def test_ray_trial_with_two_gpus_runs_as_two_ranks(tmp_path):
+    """gpus_per_trial: 2 under Ray (2 stand-in GPUs): Ray gives the trial both GPU ids, the runner re-runs itself
+    under torchrun with 2 ranks (gloo here, no CUDA), and rank 0 alone writes the result."""
+    ws = tmp_path / "ws"
+    recipe = write_recipe(tmp_path / "rd.yaml", f"""
+name: rd
+task: {TASK % 2}
+hardware: {{backend: ray, gpus_per_trial: 2, ray: {{num_cpus: 2, num_gpus: 2}}}}
+tracking: {{enabled: false}}
+""")
+    code, out, envs = submit_watching_envs(recipe, ws, {}, 400)
+    assert code == 0, out
+    (res,) = results(ws, "rd")
+    assert res["status"] == "completed" and res["cuda_visible_devices"] in ("0,1", "1,0")
+    log = (ws / "runs" / "rd" / res["trial_id"] / "log.txt").read_text()
+    assert "data-parallel trial: 2 processes" in log and log.count("[dpx] trial ") == 2, log[-2000:]
+    check_safe_env(envs, 1)
