@@ -106,6 +106,8 @@ def _split_address(address: str) -> tuple[str, int] | None:
 
 def resolve_address(address: str | None) -> str:
     """The address handed to ray.init: "local" when unset; "auto" resolved (RAY_ADDRESS or the running head)."""
+    if address != "auto":  # an explicit recipe wins over RAY_ADDRESS (ray.init would let the variable win)
+        os.environ.pop("RAY_ADDRESS", None)
     if not address or address == "local":
         return "local"
     if address == "auto":
@@ -180,7 +182,6 @@ class RayBackend(Backend):
         address = resolve_address(self.settings.get("address"))
         kw = dict(include_dashboard=False, log_to_driver=False, configure_logging=False, namespace=NAMESPACE)
         if address == "local":
-            os.environ.pop("RAY_ADDRESS", None)  # the recipe asked for a local instance; Ray lets the env win
             cpus, gpus = _local_size(hardware)
             kw.update(num_cpus=cpus, num_gpus=gpus, object_store_memory=200 * 1024**2)
         else:
