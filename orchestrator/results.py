@@ -138,7 +138,7 @@ def sync_mlflow(ws) -> int:
                 pid = tracker.parent_run(exp_id, f"sync-{time.strftime('%Y%m%d-%H%M%S')}", r["recipe"], "", 0)
             parents[r["recipe"]] = (exp_id, pid)
         row = {**dict(r), "run_dir": str(ws.run_dir(r["recipe"], r["trial_id"]))}
-        run_id, off = tracker.sync_trial(exp_id, parents[r["recipe"]][1], row, final=True)
+        run_id, off = tracker.sync_trial(exp_id, parents[r["recipe"]][1], row, final=True, find_existing=True)
         store.set_trial(r["recipe"], r["trial_id"], mlflow_run_id=run_id, mlflow_offset=off, mlflow_done=1)
         n += 1
     for exp_id, pid in parents.values():

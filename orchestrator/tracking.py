@@ -14,6 +14,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +72,8 @@ class Tracker:
             "dpx.recipe_file": file, "dpx.n_trials": str(n_trials)})
         return run.info.run_id
 
-    def sync_trial(self, experiment_id: str, parent_run_id: str | None, row: dict, final: bool) -> tuple[str, int]:
+    def sync_trial(self, experiment_id: str, parent_run_id: str | None, row: dict, final: bool,
+                   find_existing: bool = False) -> tuple[str, int]:
         """Bring a trial's child run up to date with its run dir in as few store calls as possible (a short trial
         costs three: create, one batch of params + metrics + tags, terminate). Returns (run_id, new offset).
 
@@ -82,6 +84,13 @@ class Tracker:
         run_dir = Path(row["run_dir"])
         run_id, offset = row.get("mlflow_run_id"), int(row.get("mlflow_offset") or 0)
         params: list = []
+        if not run_id and find_existing:  # a driver killed between create_run and recording the id: reuse that run
+            found = self.client.search_runs([experiment_id], max_results=1, order_by=["attributes.start_time ASC"],
+                                            filter_string=f"tags.`dpx.trial_id` = '{row['trial_id']}'")
+            if found:  # offset 0: replay the whole metrics.jsonl; MLflow drops the exact duplicate points
+                run_id, offset = found[0].info.run_id, 0
+                config = json.loads(row["config"]) if isinstance(row["config"], str) else row["config"]
+                params = [Param(k, v) for k, v in trial_params(config).items()]  # the same values: accepted again
         if not run_id:
             tags = {"dpx.kind": "trial", "dpx.recipe": row["recipe"], "dpx.trial_id": row["trial_id"],
                     "dpx.run_dir": str(run_dir)}
@@ -163,6 +172,7 @@ class Forwarder(threading.Thread):
         self.tracker, self.recipe = tracker, recipe
         self.exp_id, self.parent_id = experiment_id, parent_run_id
         self.store = StateStore(state_path)
+        self.t0 = time.time()
         self.q: "queue.Queue[tuple[str, str] | None]" = queue.Queue()
         self.failures = 0
 
@@ -185,7 +195,9 @@ class Forwarder(threading.Thread):
                 continue
             final = kind == "final" and row["status"] in ("completed", "failed", "cancelled")
             try:
-                run_id, off = self.tracker.sync_trial(self.exp_id, self.parent_id, row, final)
+                # a trial started before this driver (adopted) or retried may have a run from a killed driver
+                old = (row["started_at"] or 0) < self.t0 or (row["attempts"] or 0) > 1
+                run_id, off = self.tracker.sync_trial(self.exp_id, self.parent_id, row, final, find_existing=old)
             except Exception as e:  # noqa: BLE001 — never fatal: `dpx sync` catches up from the run dir
                 self.failures += 1
                 print(f"[driver] MLflow update of {tid} failed (dpx sync will retry): {e}", flush=True)

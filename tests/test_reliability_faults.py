@@ -487,3 +487,32 @@ def test_claimed_but_never_started_trial_is_requeued_not_lost(tmp_path, dpx):
     assert t[untouched]["status"] == "completed" and t[untouched]["attempts"] == 1
     assert t[started]["status"] == "failed" and "worker lost" in t[started]["error"], t[started]
     assert r.returncode == 1
+
+
+@pytest.mark.slow
+def test_mlflow_run_created_by_a_killed_driver_is_reused_not_duplicated(tmp_path, dpx, mlflow_template):
+    """A driver killed between creating a trial's MLflow run (and logging to it) and recording the run id in the
+    state store leaves an orphan run; `dpx sync` (and a later driver) must continue that run, not add a second."""
+    ws = new_ws(tmp_path, mlflow_template)
+    recipe = tmp_path / "orph.yaml"
+    recipe.write_text("name: orph\ntask: {name: debug, steps: 3}\ntracking: {enabled: false}\n"
+                      "grid: {task.value: [1.0, 2.0]}\n")
+    r = dpx("submit", str(recipe), "--wait", ws=ws)
+    assert r.returncode == 0, r.stdout + r.stderr
+    t = trials(ws)
+    a, b = sorted(t)
+    from dpx.orchestrator.tracking import Tracker
+
+    tracker = Tracker(f"sqlite:///{ws / 'mlflow.db'}", ws / "mlruns")
+    exp = tracker.experiment("orph")
+    orphan, _ = tracker.sync_trial(exp, None, t[a], final=False)  # what the killed driver did for trial a
+    assert trials(ws)[a]["mlflow_run_id"] is None  # ... and it died before recording the run id
+
+    s = dpx("sync", ws=ws)
+    assert s.returncode == 0, s.stdout + s.stderr
+    c = tracker.client
+    children = [x for x in c.search_runs([exp], max_results=100) if x.data.tags.get("dpx.kind") == "trial"]
+    assert sorted(x.data.tags["dpx.trial_id"] for x in children) == [a, b]
+    assert trials(ws)[a]["mlflow_run_id"] == orphan
+    assert sorted(m.step for m in c.get_metric_history(orphan, "loss")) == [0, 1, 2]  # replayed, not doubled
+    assert c.get_run(orphan).info.status == "FINISHED"
