@@ -75,6 +75,12 @@ class TrialActor:
             return code
         finally:
             self.ended.set()
+            import threading
+
+            # a detached actor nobody reads (its driver died and no `dpx submit` came back) would hold its CPUs and
+            # GPUs forever: leave after a while; the run dir still tells a later driver how the attempt ended
+            threading.Thread(target=_exit_after, args=(float(os.environ.get("DPX_RAY_LINGER_S", "300")),),
+                             daemon=True).start()
 
     def wait(self) -> int | None:
         self.ended.wait()
@@ -87,6 +93,11 @@ class TrialActor:
         _signal_group(self.proc.pid, signal.SIGTERM)
         if not self.ended.wait(grace_s):
             _signal_group(self.proc.pid, signal.SIGKILL)
+
+
+def _exit_after(seconds: float) -> None:
+    time.sleep(seconds)
+    os._exit(0)
 
 
 def _signal_group(pid: int, sig: int) -> None:
