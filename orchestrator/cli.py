@@ -146,11 +146,33 @@ def _submit(recipe: str, overrides: list[str], wait: bool, workspace: Optional[s
         from .progress import watch
 
         watch(ws, store, sub_id, ex)
+        _wait_driver(ws, store, sub_id)
         from .results import print_results
 
         print_results(ws, store, ex.recipe, sub_id, ex.axes, out)
         failed = store.counts(submission=sub_id)["failed"]
         raise typer.Exit(1 if failed else 0)
+
+
+def _wait_driver(ws, store, sub_id: str, limit_s: float = 900) -> None:
+    """After the trials: wait while the driver finishes MLflow logging, the DuckDB tables and the recipe figures,
+    so that `dpx ui` / `dpx query` right after `--wait` see everything."""
+    import socket
+
+    from .state import pid_alive
+
+    t0 = time.time()
+    with err.status("finishing: MLflow logging, results tables, figures ..."):
+        while time.time() - t0 < limit_s:
+            sub = store.submission(sub_id)
+            if sub is None or not sub["driver_pid"]:
+                return
+            if sub["driver_host"] == socket.gethostname():
+                if not pid_alive(sub["driver_pid"]):  # the process itself, not just its last state write
+                    return
+            elif sub["state"] in ("done", "cancelled", "crashed"):
+                return
+            time.sleep(0.2)
 
 
 @app.command()
