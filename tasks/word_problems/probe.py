@@ -6,7 +6,7 @@ For every layer and head of a trained delta-rule model, over `eval.probe_samples
 - the cumulative explained variance of a PCA of the head's (L2-normalised) keys, all steps pooled (Fig. 7 right:
   three components explaining > 95% mean the reflections act in a 3-D subspace, as S4's rotations of a cube do).
 Summary per head: probe/l{l}/h{h}/beta_mean and .../pca3; probe/rotation_heads counts the heads showing both
-(mean beta > 1.5 and pca3 >= 0.95). Curves: probe/beta/l{l}/h{h}/j{j} over element index, probe/pca_cumvar/l{l}/
+(n_h >= 2, mean beta > 1.5 and pca3 >= 0.95). Curves: probe/beta/l{l}/h{h}/j{j} over element index, probe/pca_cumvar/l{l}/
 h{h} over the number of components. One figure per layer.
 """
 from __future__ import annotations
@@ -64,7 +64,7 @@ def probe(model, task, ev, ctx, device) -> dict:
             bm, p3 = float(np.nanmean(b)), float(cv[min(2, K - 1)])
             summary[f"probe/l{layer}/h{h}/beta_mean"] = bm
             summary[f"probe/l{layer}/h{h}/pca3"] = p3
-            rotation_heads += int(bm > 1.5 and p3 >= 0.95)
+            rotation_heads += int(n >= 2 and bm > 1.5 and p3 >= 0.95)  # one reflection is no rotation
             per_head.append((b, cv))
         _plot(ctx, task, layer, per_head)
     summary["probe/rotation_heads"] = rotation_heads
