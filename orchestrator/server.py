@@ -29,15 +29,17 @@ def check_store(uri: str) -> None:
     if scheme in ("file", "") or "://" not in uri:
         raise ValueError(f"{uri}: use a SQL store (sqlite:///path/mlflow.db or postgresql://user@host/db); "
                          "MLflow's file store is retired")
-    if scheme == "postgresql":
-        driver = uri.split(":", 1)[0].partition("+")[2] or "psycopg2"
-        try:
-            __import__(driver)
-        except ImportError:
-            raise ValueError(f"{uri}: PostgreSQL needs the `{driver}` package on the server host "
-                             f"(pip install {'psycopg2-binary' if driver == 'psycopg2' else driver})") from None
-    elif scheme != "sqlite" and scheme not in ("mysql", "mssql"):
+    if scheme not in ("sqlite", "postgresql", "mysql", "mssql"):
         raise ValueError(f"{uri}: unsupported store {scheme!r} (sqlite or postgresql)")
+    try:  # the driver SQLAlchemy will load for this URI (postgresql:// means psycopg 3 since SQLAlchemy 2.1)
+        from sqlalchemy.engine import make_url
+
+        make_url(uri).get_dialect().import_dbapi()
+    except ImportError as e:
+        pkg = {"psycopg": "psycopg[binary]", "psycopg2": "psycopg2-binary"}.get(e.name or "", e.name)
+        raise ValueError(f"{uri}: the server host needs the `{e.name}` driver (pip install {pkg})") from None
+    except Exception as e:  # noqa: BLE001 — unknown dialect/driver name, malformed URI
+        raise ValueError(f"{uri}: {str(e).splitlines()[0][:200]}") from None
 
 
 def public_uri(host: str, port: int) -> str:

@@ -3,7 +3,12 @@ whose driver logs to it by URI: experiment, parent run, child runs with metric h
 the server's store, none in the workspace's own SQLite file; artifacts are uploaded through the server."""
 from __future__ import annotations
 
+import os
+import shutil
 import socket
+import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -66,3 +71,57 @@ tracking: {{mlflow_uri: "{uri}"}}
     finally:
         r = run_dpx("server", "--stop", ws=srv_ws)
         assert r.returncode == 0, r.stderr
+
+
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+
+
+@pytest.fixture
+def postgres(tmp_path):
+    """A throwaway PostgreSQL (Debian's postgresql package) on a free loopback port, trust auth, stopped after."""
+    if not (PG_BIN / "initdb").exists() or os.geteuid() != 0 or shutil.which("runuser") is None:
+        pytest.skip("needs Debian's postgresql 15 and root (initdb runs as the postgres user)")
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        pytest.skip("psycopg is not installed (pip install 'psycopg[binary]')")
+    d = Path(tempfile.mkdtemp(prefix="dpxpg", dir="/tmp"))
+    shutil.chown(d, "postgres")
+    port = free_port()
+    pg = ["runuser", "-u", "postgres", "--"]
+    subprocess.run(pg + [str(PG_BIN / "initdb"), "-D", f"{d}/data", "-A", "trust", "-U", "postgres"], check=True,
+                   capture_output=True, timeout=120)
+    subprocess.run(pg + [str(PG_BIN / "pg_ctl"), "-D", f"{d}/data", "-l", f"{d}/log", "-w", "-o",
+                         f"-p {port} -k {d} -c listen_addresses=127.0.0.1 -c shared_buffers=16MB", "start"],
+                   check=True, capture_output=True, timeout=120)
+    try:
+        subprocess.run(pg + [str(PG_BIN / "createdb"), "-h", "127.0.0.1", "-p", str(port), "mlflow"], check=True,
+                       capture_output=True, timeout=60)
+        yield f"postgresql://postgres@127.0.0.1:{port}/mlflow"
+    finally:
+        subprocess.run(pg + [str(PG_BIN / "pg_ctl"), "-D", f"{d}/data", "-m", "fast", "-w", "stop"],
+                       capture_output=True, timeout=120)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_server_on_postgresql(tmp_path, postgres):
+    srv_ws, port = tmp_path / "server", free_port()
+    r = run_dpx("server", "--port", str(port), "--store", postgres, "--detach", ws=srv_ws, timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    try:
+        from mlflow.tracking import MlflowClient
+
+        c = MlflowClient(tracking_uri=f"http://127.0.0.1:{port}")
+        run = c.create_run(c.create_experiment("pg"))
+        for step, v in enumerate((0.5, 0.25)):
+            c.log_metric(run.info.run_id, "loss", v, step=step)
+        import psycopg
+
+        with psycopg.connect(postgres) as con:  # the points are in PostgreSQL itself
+            rows = con.execute("SELECT step, value FROM metrics WHERE run_uuid = %s ORDER BY step",
+                               (run.info.run_id,)).fetchall()
+        assert rows == [(0, 0.5), (1, 0.25)]
+        assert not (srv_ws / "mlflow.db").exists()
+    finally:
+        assert run_dpx("server", "--stop", ws=srv_ws).returncode == 0
