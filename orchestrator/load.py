@@ -111,6 +111,15 @@ def _pin_grid_axis(conf, key: str) -> None:
         if key in block:
             del block[key]
         zips = block.get("zip")
-        for z in (zips if OmegaConf.is_list(zips) else [zips] if zips is not None else []):
+        groups = zips if OmegaConf.is_list(zips) else [zips] if zips is not None else []
+        for z in groups:
             if OmegaConf.is_dict(z) and key in z:
                 del z[key]
+        if OmegaConf.is_list(zips):  # a zip group whose every axis was pinned is gone, not an empty group
+            kept = [z for z in zips if not (OmegaConf.is_dict(z) and len(z) == 0)]
+            if len(kept) != len(zips):
+                block["zip"] = kept if kept else None
+                if not kept:
+                    del block["zip"]
+        elif OmegaConf.is_dict(zips) and len(zips) == 0:
+            del block["zip"]

@@ -72,6 +72,19 @@ def test_scale_and_override_pin_axes(tmp_path):
         expand(p, ["scale=tiyn"])
 
 
+def test_override_pinning_a_whole_zip_group(tmp_path):
+    p = _recipe(tmp_path, """
+name: z
+task: {name: debug}
+grid:
+  zip: {task.steps: [1, 2], task.value: [1.0, 2.0]}
+  task.sleep_s: [0.0, 0.1]
+""")
+    ex = expand(p, ["task.steps=5", "task.value=3.0"])
+    assert len(ex.trials) == 2
+    assert {(t.config["task"]["steps"], t.config["task"]["value"]) for t in ex.trials} == {(5, 3.0)}
+
+
 def test_interpolation(tmp_path):
     p = _recipe(tmp_path, """
 name: interp
