@@ -173,7 +173,31 @@ class _SectionValidator:
                 hit = (value, canonical_json(_non_default(s, value, task_name)))
                 self.cache[key] = hit
             out[s], sjson[s] = hit
+        self._cross_check(out, task_name, point)
         return out, sjson
+
+    def _cross_check(self, out: dict, task_name: str | None, point: dict) -> None:
+        """A task may check the model section against itself (e.g. the vocabulary holds its tokens):
+        `TaskConfig.check_model(model: dict)` raising ValueError("model.key: reason")."""
+        if out.get("model") is None or not task_name:
+            return
+        key = ("cross", canonical_json(out["task"]), canonical_json(out["model"]))
+        if key in self.cache:
+            return
+        from dpx.tasks import TASKS
+
+        cls = TASKS[task_name].config_cls()
+        check = getattr(cls, "check_model", None)
+        if check is not None:
+            task_obj = _adapter(cls).validate_python(out["task"])
+            try:
+                check(task_obj, out["model"])
+            except ValueError as e:
+                err = _value_error(str(e), self.file, "")
+                if point:
+                    err = RecipeError(f"{err.reason} (grid point {_fmt_point(point)})", err.file, err.key)
+                raise err from None
+        self.cache[key] = (None, "")
 
     def _validate_section(self, section: str, value: Any, task_name: str | None) -> Any:
         if section == "task":

@@ -42,6 +42,14 @@ def test_recipe_errors_name_key_and_reason(tmp_path, body, expected):
     assert "\n" not in line
 
 
+def test_task_checks_the_model_section(tmp_path):
+    p = tmp_path / "v.yaml"
+    p.write_text("name: v\nmodel: {family: deltaproduct, vocab_size: 5, hidden_size: 32, num_heads: 2, head_dim: 16}\n"
+                 "task: {name: word_problem, group: S3}\n")
+    with pytest.raises(RecipeError, match=r"v.yaml:model.vocab_size: 5 cannot hold the S3 word problem"):
+        expand(p)
+
+
 def test_override_errors(tmp_path):
     p = tmp_path / "r.yaml"
     p.write_text("name: r\ntask: {name: debug}\n")
