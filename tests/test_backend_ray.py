@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -72,6 +73,7 @@ def ray_head():
     proc, addresses = started
     yield addresses
     stop_group(proc)
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def wait_done(ws: Path, recipe: str, timeout: float = 180) -> list[dict]:
