@@ -38,7 +38,7 @@ def lm_config(run_id: str, gpus: int, steps: int, tokens_per_step: int, micro: i
     hw = {"device": "cpu", "nproc_per_trial": gpus} if DRY else {"device": "cuda", "gpus_per_trial": gpus}
     return {"recipe": "multigpu", "version": 1, "seed": seed, "trial_id": run_id, "model": dict(MODEL),
             "task": {**TASK, "tokens_per_step": tokens_per_step, "micro_batch_size": micro},
-            "train": {"steps": steps, "lr": 1e-3, "warmup_steps": 5, "log_every": 5, "eval_every": 0,
+            "train": {"steps": steps, "lr": 1e-3, "warmup_steps": 5, "log_every": 2, "eval_every": 0,
                       "checkpoint_every": 0},
             "eval": {}, "hardware": hw}
 
@@ -55,7 +55,7 @@ def windows(run_dir: Path, key: str = "train/tokens_per_s") -> list[tuple[int, f
 def ddp_phase(root: Path, gpus: int, steps: int, limit: float) -> dict:
     d = root / f"ddp_g{gpus}"
     d.mkdir(parents=True)
-    (d / "config.json").write_text(json.dumps(lm_config(d.name, gpus, steps, TASK["context_len"] * 64, 32)))
+    (d / "config.json").write_text(json.dumps(lm_config(d.name, gpus, steps, TASK["context_len"] * 32, 32)))
     env = {**os.environ, **SAFE, "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(gpus))}
     t0 = time.time()
     with open(d / "log.txt", "wb") as log:
@@ -126,7 +126,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget-s", type=float, default=230)
-    ap.add_argument("--ddp-steps", type=int, default=40)
+    ap.add_argument("--ddp-steps", type=int, default=20)
     ap.add_argument("--grid-steps", type=int, default=12)
     ap.add_argument("--cpu-dry-run", action="store_true")
     a = ap.parse_args()
