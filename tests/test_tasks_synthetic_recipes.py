@@ -81,9 +81,16 @@ def test_bad_formal_language_settings_are_recipe_errors(override, path):
 
 
 def test_vocab_too_small_fails_the_trial_with_the_key(tmp_path):
-    t = expand(RECIPES / "quickstart.yaml", ["model.vocab_size=7"]).trials[0]
+    from dpx.orchestrator.errors import RecipeError
+
+    # at recipe time: the orchestrator asks the task to check the model section
+    with pytest.raises(RecipeError, match=r"quickstart\.yaml:model\.vocab_size: 7 cannot hold"):
+        expand(RECIPES / "quickstart.yaml", ["model.vocab_size=7"])
+    # and the trial itself refuses too (a config edited after expansion, or a run dir run by hand)
+    t = expand(RECIPES / "quickstart.yaml").trials[0]
+    config = {**t.config, "model": {**t.config["model"], "vocab_size": 7}}
     with pytest.raises(ValueError, match=r"^model\.vocab_size: 7 cannot hold"):
-        TASKS["word_problem"].run_fn()(t.config, RunContext(tmp_path, t.config))
+        TASKS["word_problem"].run_fn()(config, RunContext(tmp_path, config))
 
 
 @pytest.mark.slow
