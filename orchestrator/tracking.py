@@ -10,7 +10,6 @@ idempotent because every point carries the timestamp written in metrics.jsonl an
 from __future__ import annotations
 
 import json
-import logging
 import os
 import queue
 import threading
@@ -20,7 +19,6 @@ from typing import Any
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
-log = logging.getLogger("dpx.tracking")
 
 MAX_PARAM_LEN = 6000
 

@@ -16,7 +16,6 @@ the result channel; the actor only returns the exit code.
 """
 from __future__ import annotations
 
-import math
 import os
 import signal
 import socket
