@@ -3,15 +3,13 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from dpx.tasks.context import RunContext
 from dpx.tasks.formal_languages.config import FormalLanguageConfig
 from dpx.tasks.formal_languages.languages import frame, generate
 from dpx.tasks.training import plots
-from dpx.tasks.training.config import EvalConfig, TrainConfig
-from dpx.tasks.training.loop import autocast, fit
-from dpx.tasks.training.model import build_model, num_params
+from dpx.tasks.training.loop import fit
+from dpx.tasks.training.setup import next_token_loss, setup_trial
 
 EVAL_DATA_SEED = 20250214  # fixed: validation/test samples are shared by all trials
 _TRAIN, _VAL, _TEST = 0, 1, 2
@@ -64,13 +62,8 @@ def score(model, task: FormalLanguageConfig, stream: int, n: int, batch_size: in
 
 
 def run(config: dict, ctx: RunContext) -> dict:
-    task = FormalLanguageConfig(**config["task"])
-    train = TrainConfig(**config.get("train", {}))
-    ev = EvalConfig(**config.get("eval", {}))
-    task.check_model(config["model"])
-    seed = int(config.get("seed", 0))
-    device = ctx.device
-    model = build_model(config["model"], seed)
+    s = setup_trial(config, ctx, FormalLanguageConfig)
+    task, train, ev, seed, device, model = s.task, s.train, s.eval, s.seed, s.device, s.model
     micro = train.batch_size // train.grad_accum
 
     def batch_fn(step: int, m: int):
@@ -78,20 +71,14 @@ def run(config: dict, ctx: RunContext) -> dict:
                                task.train_max_len)
         return torch.from_numpy(x), torch.from_numpy(y)
 
-    def loss_fn(m, batch):
-        x, y = batch
-        logits = m(x)
-        return F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-1), x.numel()
-
     def eval_fn(m) -> dict:
         sc = score(m, task, _VAL, task.val_samples, ev.batch_size, task.train_min_len, task.train_max_len, device)
         return {"val/acc": sc.acc, "val/scaled_acc": scaled(sc.acc, task.chance)}
 
-    result = fit(model, train, ctx, batch_fn=batch_fn, loss_fn=loss_fn, eval_fn=eval_fn)
+    # one answer position per sample; every other label is -1
+    result = fit(model, train, ctx, batch_fn=batch_fn, loss_fn=next_token_loss(ignore_index=-1), eval_fn=eval_fn)
 
-    ctx.report_progress(1.0, f"testing on lengths {task.test_min_len}-{task.test_max_len}")
-    model.eval()
-    with torch.no_grad(), autocast(device, train.precision):
+    with s.testing(ctx, f"testing on lengths {task.test_min_len}-{task.test_max_len}"):
         sc = score(model, task, _TEST, ev.num_samples, ev.batch_size, task.test_min_len, task.test_max_len, device)
     lens = sorted(sc.by_len)
     accs = [sc.by_len[k][0] / sc.by_len[k][1] for k in lens]
@@ -99,10 +86,7 @@ def run(config: dict, ctx: RunContext) -> dict:
     summary = {
         "scaled_acc": scaled(sc.acc, task.chance),
         "acc": sc.acc,
-        "tokens_per_s": round(result.tokens_per_s, 1),
-        "num_params": num_params(model),
-        **result.last_eval,
-        **result.summary(),
+        **s.summary(result),
     }
     _plot(ctx, task, lens, accs, summary["scaled_acc"])
     return summary

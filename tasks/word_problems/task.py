@@ -4,49 +4,35 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from dpx.tasks.context import RunContext
 from dpx.tasks.training import plots
-from dpx.tasks.training.config import EvalConfig, TrainConfig
-from dpx.tasks.training.loop import autocast, fit
-from dpx.tasks.training.model import build_model, num_params
+from dpx.tasks.training.loop import fit
+from dpx.tasks.training.setup import next_token_loss, setup_trial
 from dpx.tasks.word_problems.config import WordProblemConfig
 from dpx.tasks.word_problems.data import WordProblemData
 from dpx.tasks.word_problems.metrics import evaluate, max_len_at
 
 
 def run(config: dict, ctx: RunContext) -> dict:
-    task = WordProblemConfig(**config["task"])
-    train = TrainConfig(**config.get("train", {}))
-    ev = EvalConfig(**config.get("eval", {}))
-    task.check_model(config["model"])
-    seed = int(config.get("seed", 0))
-    device = ctx.device
-
-    model = build_model(config["model"], seed)
-    data = WordProblemData(task, seed, train.batch_size // train.grad_accum, train.grad_accum)
+    s = setup_trial(config, ctx, WordProblemConfig)
+    task, train, ev, device, model = s.task, s.train, s.eval, s.device, s.model
+    data = WordProblemData(task, s.seed, train.batch_size // train.grad_accum, train.grad_accum)
     val_x, val_y = data.eval_set("val", task.val_samples)
 
     def batch_fn(step: int, micro: int):
         x, y = data.train_batch(step, micro)
         return torch.from_numpy(x), torch.from_numpy(y)
 
-    def loss_fn(m, batch):
-        x, y = batch
-        logits = m(x)  # the label at position t is predicted at position t (no shift), BOS included
-        return F.cross_entropy(logits.float().flatten(0, 1), y.flatten()), x.numel()
-
     def eval_fn(m) -> dict:
         acc = evaluate(m, val_x, val_y, ev.batch_size, device)
         return {"val/seq_acc": float(acc.acc_at_pos()[-1]), "val/token_acc": acc.token_acc()}
 
-    result = fit(model, train, ctx, batch_fn=batch_fn, loss_fn=loss_fn, eval_fn=eval_fn)
+    # the label at position t is predicted at position t (no shift), BOS included
+    result = fit(model, train, ctx, batch_fn=batch_fn, loss_fn=next_token_loss(), eval_fn=eval_fn)
 
-    ctx.report_progress(1.0, f"testing at length {task.test_len}")
     test_x, test_y = data.eval_set("test", ev.num_samples)
-    model.eval()
-    with torch.no_grad(), autocast(device, train.precision):
+    with s.testing(ctx, f"testing at length {task.test_len}"):
         acc = evaluate(model, test_x, test_y, ev.batch_size, device)
     curve = acc.acc_at_pos()
     positions = np.arange(1, len(curve))
@@ -56,10 +42,7 @@ def run(config: dict, ctx: RunContext) -> dict:
         "max_len_acc90": max_len_at(curve, 0.9),
         "token_acc": acc.token_acc(),
         "seq_acc": float(curve[-1]),
-        "tokens_per_s": round(result.tokens_per_s, 1),
-        "num_params": num_params(model),
-        **{k: v for k, v in result.last_eval.items()},
-        **result.summary(),
+        **s.summary(result),
     }
     _plot(ctx, task, positions, curve[1:], config)
     if ev.probe:
