@@ -19,6 +19,7 @@ import traceback
 from pathlib import Path
 
 from .backends import Launch, Outcome, make_backend
+from . import worker
 from .state import StateStore, pid_alive
 from .workspace import Workspace
 
@@ -62,6 +63,11 @@ def _attempt_started(run_dir: Path, attempt: int) -> bool:
         return f"===== attempt {attempt} " in (run_dir / "log.txt").read_text(errors="replace")
     except OSError:
         return False
+
+
+def _ended(run_dir: Path, attempt: int) -> bool:
+    """The attempt wrote its result.json or error.json (the runner's last act)."""
+    return any((read_json(Path(run_dir) / f) or {}).get("attempt") == attempt for f in ("result.json", "error.json"))
 
 
 def driver_alive(sub) -> bool:
@@ -285,6 +291,7 @@ class Driver:
 
     def _adopt_orphans(self) -> None:
         """Running trials of this recipe whose driver is gone: watch them if they still run, else settle them."""
+        self._check_unregistered()
         for row in self.store.trials(recipe=self.recipe, status="running"):
             if row["owner"] == self.sub_id or row["trial_id"] in self.mine:
                 continue
@@ -293,19 +300,55 @@ class Driver:
             owner = self.store.set_trial(self.recipe, row["trial_id"], expect_status="running", owner=self.sub_id)
             if not owner:
                 continue
-            if (self.backend.name == "local" and not (row["backend_job_id"] or row["pid"])
-                    and not _attempt_started(Path(row["run_dir"]), row["attempts"])):
-                # claimed, but its driver died before starting it (the local backend writes the attempt header
-                # before it spawns): not an attempt, so back to the queue instead of failing as "lost"
-                self.store.set_trial(self.recipe, row["trial_id"], expect_status="running", status="pending",
-                                     owner=None, attempts=max(0, row["attempts"] - 1))
+            tid, run_dir, attempt = row["trial_id"], Path(row["run_dir"]), row["attempts"]
+            handle = row["backend_job_id"] or str(row["pid"] or "")
+            if self.backend.name == "local" and handle in ("", "None"):
+                if not _attempt_started(run_dir, attempt):
+                    # claimed, but its driver died before starting it (the local backend writes the attempt
+                    # header before it spawns): not an attempt, so back to the queue instead of failing as "lost"
+                    self.store.set_trial(self.recipe, tid, expect_status="running", status="pending",
+                                         owner=None, attempts=max(0, attempt - 1))
+                    continue
+                # started, but its driver died before recording the pid: the worker registers itself in the run
+                # dir (worker.py); until it has, or its grace is over, the attempt is unknown, not lost
+                w = worker.registered(run_dir, attempt)
+                if w is None and not _ended(run_dir, attempt):
+                    since = worker.header_time(run_dir, attempt) or row["started_at"] or time.time()
+                    self.mine[tid] = {"attempt": attempt, "started": row["started_at"] or time.time(),
+                                      "reason": None, "register_by": since + worker.REGISTER_GRACE_S}
+                    continue
+                if w is not None and w.get("host") == socket.gethostname() and worker.alive(w):
+                    handle = str(w["pid"])
+                    self.store.set_trial(self.recipe, tid, pid=int(w["pid"]), backend_job_id=handle)
+            self._watch_adopted(tid, run_dir, attempt, handle, row["started_at"])
+
+    def _watch_adopted(self, tid: str, run_dir: Path, attempt: int, handle: str, started: float | None) -> None:
+        reason = (self.mine.get(tid) or {}).get("reason")  # a cancel or timeout decided while it was unknown
+        self.mine[tid] = {"attempt": attempt, "started": started or time.time(), "reason": reason}
+        if not self.backend.adopt(self.recipe, tid, handle, run_dir, attempt):
+            self._finalize(Outcome(self.recipe, tid, attempt, None, "lost", "its driver died and the process is gone"))
+        elif reason:
+            self.backend.cancel(self.recipe, tid, reason)
+
+    def _check_unregistered(self) -> None:
+        """Adopted attempts that had not registered their worker yet: adopt the worker once it has; settle them
+        from the run dir if they already ended; lost once the grace is over with no worker."""
+        for tid, info in list(self.mine.items()):
+            if "register_by" not in info:
                 continue
-            self.mine[row["trial_id"]] = {"attempt": row["attempts"], "started": row["started_at"] or time.time(),
-                                          "reason": None}
-            if not self.backend.adopt(self.recipe, row["trial_id"], row["backend_job_id"] or str(row["pid"] or ""),
-                                      Path(row["run_dir"]), row["attempts"]):
-                self._finalize(Outcome(self.recipe, row["trial_id"], row["attempts"], None, "lost",
-                                       "its driver died and the process is gone"))
+            rows = self.store.q("SELECT run_dir FROM trials WHERE recipe = ? AND trial_id = ?", (self.recipe, tid))
+            run_dir = Path(rows[0]["run_dir"]) if rows else None
+            w = worker.registered(run_dir, info["attempt"]) if run_dir else None
+            if w is not None and w.get("host") == socket.gethostname() and worker.alive(w):
+                self.store.set_trial(self.recipe, tid, pid=int(w["pid"]), backend_job_id=str(w["pid"]))
+                self._watch_adopted(tid, run_dir, info["attempt"], str(w["pid"]), info["started"])
+            elif w is not None or run_dir is None or _ended(run_dir, info["attempt"]):
+                self._watch_adopted(tid, run_dir, info["attempt"], "", info["started"])  # ended: from the run dir
+            elif time.time() > info["register_by"]:
+                self.mine.pop(tid)
+                self._finalize(Outcome(self.recipe, tid, info["attempt"], None, "lost",
+                                       f"its driver died before recording its pid and no worker registered "
+                                       f"within {worker.REGISTER_GRACE_S:g} s"))
 
     def _close_parent(self, state: str) -> None:
         if self.tracker is None or self.parent_id is None:

@@ -18,7 +18,7 @@ import time
 import traceback
 from pathlib import Path
 
-from dpx.orchestrator import distributed
+from dpx.orchestrator import distributed, worker
 from dpx.tasks import TASKS
 from dpx.tasks.context import Diverged, Preempted, RunContext, atomic_write_json
 
@@ -27,6 +27,8 @@ EXIT_OK, EXIT_FAILED, EXIT_PREEMPTED = 0, 1, 3
 
 def run_trial(run_dir: Path, attempt: int = 1) -> int:
     run_dir = Path(run_dir)
+    if not distributed.in_worker():  # first thing: a driver that lost our pid finds us by this (worker.py)
+        worker.register(run_dir, attempt)
     config = json.loads((run_dir / "config.json").read_text())
     hw = config.get("hardware") or {}
     distributed.set_safe_env()  # NCCL_NVLS_ENABLE=0 etc. in this trial and everything it starts
