@@ -4,18 +4,21 @@ Forward (three kernels, no interleaved query or gate tensors):
   wy_fast.chunk_dp_fwd_prepare   per chunk: gate cumsum, A = beta k k^T decay, (I+A)^-1 by 16x16 blocks, W, U, Kd
   chunk_h.chunk_dp_fwd_kernel_h  serial over chunks: h (state at each chunk start), v_new = U - W h, final state
   chunk_o.chunk_dp_fwd_o         per chunk: o = scale (exp(G) q h + (q k^T * decay) v_new), only T query rows
-Backward: the chunk-parallel parts are recomputed in float32 PyTorch (recompute.py) and differentiated by
-autograd; the serial recurrence has its own Triton backward (chunk_h.chunk_dp_bwd_kernel_dh).
+Backward (fla's split, specialised to DeltaProduct: only T query rows, gates once per token):
+  wy_fast + chunk_h (recompute)       W, U, Kd, T = (I+A)^-1 and the chunk states h, v_new
+  chunk_bwd.chunk_dp_bwd_dv_local     per chunk: dv_loc = scale P^T dO
+  chunk_h.chunk_dp_bwd_kernel_dh      serial, reverse: dh (state gradient after each chunk), dv_new, dh0
+  chunk_bwd.chunk_dp_bwd_dqkwg        per chunk: dq, dk, dv, dbeta, dg (W/U/Kd/P/T gradients stay in registers)
+16-bit inputs: 16-bit operands and float32 accumulation throughout (as fla); float32 inputs: tf32x3 dots.
 """
 from __future__ import annotations
 
 import torch
 
 from ..utils import contiguous, dot_precision
-from .index import BL, chunk_table, gather_indices
+from .index import chunk_table
 from .naive import check_inputs, l2norm
-from . import recompute
-from .chunk_h import StateRecurrence, chunk_dp_fwd_h
+from .chunk_h import chunk_dp_bwd_dh, chunk_dp_fwd_h
 
 
 def chunk_dp_fwd(q, k, v, g, beta, h0, tab, scale, output_final_state):
@@ -30,20 +33,18 @@ def chunk_dp_fwd(q, k, v, g, beta, h0, tab, scale, output_final_state):
 
 
 def chunk_dp_bwd(q, k, v, g, beta, h0, do, dht, tab, scale):
-    """Recompute in float32 with autograd around the Triton recurrence; returns (dq, dk, dv, dg, dbeta, dh0)."""
-    tok_idx, step_idx, valid_t = gather_indices(tab)
-    xs = [None if x is None else x.detach().float().requires_grad_() for x in (q, k, v, g, beta, h0)]
-    q_, k_, v_, g_, b_, h0_ = xs
-    with torch.enable_grad():
-        w, u, kd, gamma, G, kc = recompute.prepare(k_, v_, b_, g_, tab, step_idx)
-        h, v_new, ht = StateRecurrence.apply(w, u, kd, gamma, h0_, tab, "tf32x3")
-        o = recompute.output(q_, kc, G, h, v_new, tab, tok_idx, valid_t, scale)
-        outs, grads = [o], [do.float()]
-        if dht is not None:
-            outs.append(ht)
-            grads.append(dht.float())
-        torch.autograd.backward(outs, grads)
-    return [None if x is None else (x.grad if x.grad is not None else torch.zeros_like(x)) for x in xs]
+    """Recompute W, U, Kd, T and the chunk states (as fla does: nothing but the inputs is saved), then:
+    dv_local (per chunk) -> dh (serial, reverse) -> dqkwg (per chunk). Returns (dq, dk, dv, dg, dbeta, dh0)."""
+    from .chunk_bwd import chunk_dp_bwd_dqkwg, chunk_dp_bwd_dv_local
+    from .wy_fast import chunk_dp_fwd_prepare
+    prec = dot_precision(q.dtype)
+    w, u, kd, gamma, G, t = chunk_dp_fwd_prepare(k, v, beta, g, tab, prec, store_t=True)
+    h, v_new, _ = chunk_dp_fwd_h(w, u, kd, gamma, h0, tab, False, q.dtype, prec)
+    dv_loc = chunk_dp_bwd_dv_local(q, k, G, do, tab, scale, prec)
+    dh, dv_new, dh0 = chunk_dp_bwd_dh(q, do, w, kd, gamma, G, dv_loc, dht, tab, scale, h0 is not None, prec)
+    dq, dk, dv, dbeta, dg = chunk_dp_bwd_dqkwg(q, k, v, beta, G, t, h, dh, v_new, dv_new, do, tab, scale,
+                                               g is not None, prec)
+    return dq, dk, dv, dg, dbeta, dh0
 
 
 class ChunkGatedDeltaProductFunction(torch.autograd.Function):

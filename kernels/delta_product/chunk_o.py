@@ -41,7 +41,7 @@ def chunk_dp_fwd_kernel_o(
 
     b_o = tl.dot(b_q, b_h.to(b_q.dtype), input_precision=PREC) * tl.exp(b_Gq)[:, None]
     b_s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC)
-    m_s = (o_t * NH + NH - 1)[:, None] >= o_l[None, :]
+    m_s = ((o_t * NH + NH - 1)[:, None] >= o_l[None, :]) & m_t[:, None]  # padding tokens: Gq = 0 would overflow
     b_s = tl.where(m_s, b_s * tl.exp(tl.where(m_s, b_Gq[:, None] - b_G[None, :], 0)), 0)
     b_o += tl.dot(b_s.to(b_vn.dtype), b_vn, input_precision=PREC)
     p_o = o + ((bos + o_t[:, None]) * H + i_h) * V + o_v[None, :]

@@ -1,7 +1,7 @@
 """Chunk tables: how the (flattened, possibly variable-length) token axis is cut into chunks.
 
 A chunk holds BT tokens of one sequence (fewer at a sequence's end), i.e. BT*n interleaved Householder steps,
-padded to BL = 64 rows. BT is the largest power of two with BT*n <= 64. Every kernel and the PyTorch recompute
+padded to BL = 64 rows. BT is the largest power of two with BT*n <= 64. Every kernel (forward and backward)
 use the same table, so chunk c means the same rows everywhere.
 """
 from __future__ import annotations

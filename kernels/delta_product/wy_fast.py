@@ -67,13 +67,20 @@ def _store_rows(p, x, row0, ld, o_c, m_c):
     tl.store(p + (row0 + tl.arange(0, 16))[:, None] * ld + o_c[None, :], x.to(p.dtype.element_ty), mask=m_c[None, :])
 
 
+@triton.jit
+def _store_block(p, x, row0, col0, BL: tl.constexpr):
+    o = tl.arange(0, 16)
+    tl.store(p + (row0 + o)[:, None] * BL + col0 + o[None, :], x.to(p.dtype.element_ty))
+
+
+@triton.heuristics({"STORE_T": lambda a: a["t"] is not None})
 @triton.autotune(configs=autotune_configs([triton.Config({}, num_warps=w, num_stages=s) for w in (4, 8)
                                            for s in (1,)]), key=["H", "K", "V", "NH", "BK", "BV", "USE_G", "PREC"])
 @triton.jit
 def chunk_dp_fwd_kernel_prepare(
-    k, v, beta, g, w, u, kd, gamma, G, chunk_bos, chunk_len,
+    k, v, beta, g, w, u, kd, gamma, G, t, chunk_bos, chunk_len,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, BL: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, USE_G: tl.constexpr, PREC: tl.constexpr,
+    BV: tl.constexpr, USE_G: tl.constexpr, PREC: tl.constexpr, STORE_T: tl.constexpr,
 ):
     i_c, i_h = tl.program_id(0), tl.program_id(1)
     i_ch = i_c.to(tl.int64) * H + i_h
@@ -106,6 +113,19 @@ def chunk_dp_fwd_kernel_prepare(
     b_T31 = -_mm(b_T33, _mm(b_A31, b_T11) + _mm(b_A32, b_T21))
     b_T42 = -_mm(b_T44, _mm(b_A42, b_T22) + _mm(b_A43, b_T32))
     b_T41 = -_mm(b_T44, _mm(b_A41, b_T11) + _mm(b_A42, b_T21) + _mm(b_A43, b_T31))
+
+    if STORE_T:  # the backward needs T = (I+A)^-1; only its lower block triangle is written (and read)
+        p_t = t + i_ch * BL * BL
+        _store_block(p_t, b_T11, 0, 0, BL)
+        _store_block(p_t, b_T21, 16, 0, BL)
+        _store_block(p_t, b_T22, 16, 16, BL)
+        _store_block(p_t, b_T31, 32, 0, BL)
+        _store_block(p_t, b_T32, 32, 16, BL)
+        _store_block(p_t, b_T33, 32, 32, BL)
+        _store_block(p_t, b_T41, 48, 0, BL)
+        _store_block(p_t, b_T42, 48, 16, BL)
+        _store_block(p_t, b_T43, 48, 32, BL)
+        _store_block(p_t, b_T44, 48, 48, BL)
 
     dt = w.dtype.element_ty
     o_k = tl.arange(0, BK)
@@ -162,9 +182,10 @@ def chunk_dp_fwd_kernel_prepare(
                     + tl.dot(b_T44.to(dt), b_y4, input_precision=PREC), 48, V, o_v, m_v)
 
 
-def chunk_dp_fwd_prepare(k, v, beta, g, tab: ChunkTable, prec: str):
+def chunk_dp_fwd_prepare(k, v, beta, g, tab: ChunkTable, prec: str, store_t: bool = False):
     """k [NTOK*n,H,K], v [NTOK*n,H,V], beta [NTOK*n,H], g [NTOK,H] float32 or None.
-    Returns w, kd [NC,H,BL,K] and u [NC,H,BL,V] in k's dtype, gamma [NC,H] and G [NC,H,BL] float32."""
+    Returns w, kd [NC,H,BL,K] and u [NC,H,BL,V] in k's dtype, gamma [NC,H] and G [NC,H,BL] float32, and with
+    store_t also T = (I+A)^-1 [NC,H,BL,BL] in k's dtype (lower block triangle only; the rest is unwritten)."""
     _, H, K = k.shape
     V = v.shape[-1]
     w = k.new_empty(tab.NC, H, BL, K)
@@ -172,7 +193,8 @@ def chunk_dp_fwd_prepare(k, v, beta, g, tab: ChunkTable, prec: str):
     u = k.new_empty(tab.NC, H, BL, V)
     gamma = k.new_empty(tab.NC, H, dtype=torch.float32)
     G = k.new_empty(tab.NC, H, BL, dtype=torch.float32)
+    t = k.new_empty(tab.NC, H, BL, BL) if store_t else None
     chunk_dp_fwd_kernel_prepare[(tab.NC, H)](
-        k, v, beta, g, w, u, kd, gamma, G, tab.chunk_bos, tab.chunk_len, H=H, K=K, V=V, NH=tab.n, BL=BL,
+        k, v, beta, g, w, u, kd, gamma, G, t, tab.chunk_bos, tab.chunk_len, H=H, K=K, V=V, NH=tab.n, BL=BL,
         BK=next_pow2(K), BV=min(64, next_pow2(V)), USE_G=g is not None, PREC=prec)
-    return w, u, kd, gamma, G
+    return (w, u, kd, gamma, G, t) if store_t else (w, u, kd, gamma, G)
