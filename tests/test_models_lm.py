@@ -1,10 +1,7 @@
 """The LM wrapper for every family: logits, decoding with O(1) steps == full forward, states continue a
-sequence, aux internals, save/load, init; and the lm-eval adapter's scores against a direct computation."""
-import math
-
+sequence, aux internals, save/load, init. (The lm-eval adapter's tests are in test_tasks_lm_evals.py.)"""
 import pytest
 import torch
-import torch.nn.functional as F
 
 from dpx.models import ModelConfig, build_model, load_pretrained
 from dpx.models.config import FAMILIES
@@ -71,55 +68,3 @@ def test_init_and_tied_head():
     assert m.lm_head is None and abs(m.embeddings.weight.std().item() - 0.006) < 3e-4
     assert abs(m.layers[0].attn.q_proj.weight.std().item() - 0.006) < 5e-4
     assert build_model(cfg.replace(tie_embeddings=False)).lm_head is not None
-
-
-# lm-eval adapter ------------------------------------------------------------------------------------------------
-class CharTok:
-    eot_token_id = 0
-
-    def encode(self, s):
-        return [1 + (ord(c) % 22) for c in s]
-
-    def decode(self, ids):
-        return "".join(chr(ord("a") + i) for i in ids)
-
-
-def test_scoring_functions_match_a_direct_computation():
-    from dpx.models.hf import greedy_generate, score_continuations, score_rolling
-    m = tiny("gated_deltanet")
-    pairs = [([3, 4, 5], [6, 7]), ([1], [2, 3, 4, 5]), ([9, 9, 9, 9, 9, 1], [2])]
-    got = score_continuations(m, pairs, batch_size=2)
-    for (ctx, cont), (lp, greedy) in zip(pairs, got):
-        ids = torch.tensor(ctx + cont)[None]
-        logp = F.log_softmax(m(ids)[0], -1)
-        want = sum(logp[len(ctx) - 1 + j, c].item() for j, c in enumerate(cont))
-        assert math.isclose(lp, want, rel_tol=1e-9)
-        assert greedy == all(logp[len(ctx) - 1 + j].argmax().item() == c for j, c in enumerate(cont))
-    toks = list(torch.randint(0, 23, (13,)).tolist())
-    full = score_continuations(m, [([0], toks)])[0][0]
-    assert math.isclose(score_rolling(m, toks, 0, max_length=4), full, rel_tol=1e-9)  # windows carry the state
-    gen = greedy_generate(m, [3, 4], 5)
-    seq = [3, 4]
-    for _ in range(5):
-        seq.append(int(m(torch.tensor(seq)[None])[0, -1].argmax()))
-    assert gen == seq[2:]
-
-
-def test_lm_eval_class():
-    pytest.importorskip("lm_eval")
-    from lm_eval.api.instance import Instance
-
-    from dpx.models.hf import DpxLM
-    m = tiny("deltaproduct").float()
-    lm = DpxLM(m, CharTok(), batch_size=2)
-    reqs = [Instance("loglikelihood", {}, ("abc", "de"), 0), Instance("loglikelihood", {}, ("", "xy"), 1)]
-    res = lm.loglikelihood(reqs)
-    assert len(res) == 2 and all(lp < 0 for lp, _ in res)
-    # an empty context conditions on the end-of-text token, exactly what the rolling score does
-    (roll,) = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, ("xy",), 0)])
-    assert math.isclose(roll, res[1][0], rel_tol=1e-5)
-    direct = torch.log_softmax(m(torch.tensor([[0] + CharTok().encode("xy")]))[0].double(), -1)
-    assert math.isclose(roll, direct[0, CharTok().encode("x")[0]].item() + direct[1, CharTok().encode("y")[0]].item(),
-                        rel_tol=1e-5)
-    (text,) = lm.generate_until([Instance("generate_until", {}, ("abc", {"until": ["zzz"], "max_gen_toks": 4}), 0)])
-    assert isinstance(text, str) and len(text) <= 4

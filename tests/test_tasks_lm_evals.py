@@ -138,6 +138,120 @@ def test_rolling_loglikelihood_sums_disjoint_windows(dpx_lm):
     assert got < 0 and math.isfinite(got)
 
 
+# ---- torch-only scoring helpers (no lm_eval needed), float64 against direct computations ---------------------------
+def tiny_double(vocab=23, seed=0):
+    from dpx.models import build_model
+    torch.manual_seed(seed)
+    m = build_model({"family": "gated_deltaproduct", "vocab_size": vocab, "hidden_size": 16, "num_heads": 2,
+                     "num_layers": 2, "num_householder": 2, "allow_neg_eigval": True}).double().eval()
+    with torch.no_grad():  # larger weights than the 0.006 init, so that every path matters numerically
+        for p in m.parameters():
+            if p.ndim == 2:
+                p.normal_(0, 0.3)
+    return m
+
+
+def _direct(model, ids, n_cont):
+    """sum log p of the last n_cont tokens of ids given the rest, one sequence, float64; and greedy."""
+    logp = torch.log_softmax(model(torch.tensor([ids[:-1]]))[0], -1)
+    tgt = torch.tensor(ids[-n_cont:])
+    lp = logp[-n_cont:]
+    return lp.gather(-1, tgt[:, None]).sum().item(), bool((lp.argmax(-1) == tgt).all())
+
+
+def test_score_continuations_float64_with_truncation_and_padding():
+    from dpx.tasks.lm.lm_eval_adapter import score_continuations
+    m = tiny_double()
+    rng = np.random.default_rng(4)
+    pairs = [(rng.integers(0, 23, L).tolist(), rng.integers(0, 23, c).tolist())
+             for L, c in ((3, 2), (1, 4), (9, 1), (6, 3), (12, 2))]  # 12 + 2 > max_length: cut from the left
+    got = score_continuations(m, pairs, batch_size=2, max_length=10)
+    for (ctx, cont), (ll, greedy) in zip(pairs, got):
+        ref_ll, ref_greedy = _direct(m, (ctx + cont)[-11:], len(cont))
+        assert ll == pytest.approx(ref_ll, rel=1e-9)
+        assert greedy == ref_greedy
+    with pytest.raises(ValueError, match="at least one token"):
+        score_continuations(m, [([], [1, 2])])
+    with pytest.raises(ValueError, match="does not fit max_length 2"):
+        score_continuations(m, [([1], [1, 2, 3])], max_length=2)
+
+
+def test_rolling_windows_are_the_harness_windows():
+    pytest.importorskip("lm_eval")
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+    from dpx.tasks.lm.lm_eval_adapter import rolling_windows
+    for n in (1, 5, 8, 9, 17, 24):
+        toks = list(range(10, 10 + n))
+        for M in (1, 4, 8):
+            ref = [make_disjoint_window(w) for w in get_rolling_token_windows(toks, 1, M, 1)]
+            assert rolling_windows(toks, 1, M) == [(list(a), list(b)) for a, b in ref], (n, M)
+
+
+def test_score_rolling_windows_and_carried_state():
+    from dpx.tasks.lm.lm_eval_adapter import score_rolling
+    m = tiny_double()
+    toks = np.random.default_rng(5).integers(0, 23, 13).tolist()
+    seq = [0] + toks
+    exact = _direct(m, seq, len(toks))[0]  # the whole document in one pass
+    # carried state over windows of 4 == one pass (the recurrence does not care where a window ends)
+    assert score_rolling(m, toks, 0, max_length=4, carry_state=True) == pytest.approx(exact, rel=1e-9)
+    # disjoint windows: each window of <= 4 read tokens starts from a zero state
+    M, ref = 4, 0.0
+    for s in range(0, len(toks), M):
+        e = min(s + M, len(toks))
+        ref += _direct(m, seq[max(0, e - M):e + 1], e - s)[0]
+    got = score_rolling(m, toks, 0, max_length=M, batch_size=3)
+    assert got == pytest.approx(ref, rel=1e-9)
+    assert abs(got - exact) > 1e-6  # the cut context matters, so the two modes are really different
+    assert score_rolling(m, toks, 0, max_length=64) == pytest.approx(exact, rel=1e-9)  # one window = exact
+
+
+def test_greedy_generate_matches_argmax_loop():
+    from dpx.tasks.lm.lm_eval_adapter import greedy_generate
+    m = tiny_double()
+    seq = [3, 4]
+    for _ in range(6):
+        seq.append(int(m(torch.tensor([seq]))[0, -1].argmax()))
+    assert greedy_generate(m, [3, 4], 6) == seq[2:]
+    assert greedy_generate(m, [3, 4], 6, stop=lambda ids: len(ids) >= 2) == seq[2:4]
+
+
+def test_registered_dpx_model_from_a_saved_folder(tmp_path):
+    """The harness's own route: `--model dpx --model_args pretrained=DIR,tokenizer=byte,...` builds the adapter
+    from a saved model; empty contexts condition on <s>, as the rolling score does; generation stops at `until`."""
+    pytest.importorskip("lm_eval")
+    from lm_eval.api.instance import Instance
+    from lm_eval.api.registry import get_model
+
+    from dpx.tasks.lm.lm_eval_adapter import lm_eval_class
+    lm_eval_class()
+    m = tiny_double(vocab=259)
+    m.float().save_pretrained(tmp_path / "ck")
+    lm = get_model("dpx").create_from_arg_string(
+        f"pretrained={tmp_path / 'ck'},tokenizer=byte,max_length=6,carry_state=true,max_gen_toks=5",
+        {"batch_size": 2, "device": "cpu"})
+    assert lm.batch_size == 2 and lm.max_length == 6 and lm.carry_state is True and lm.prefix_token_id == 1
+    ll = lm.loglikelihood([Instance("loglikelihood", {}, ("ab", "cd"), 0),
+                           Instance("loglikelihood", {}, ("", "hello"), 1)])
+    ref = m.float()
+    tgt = [b + 3 for b in b"hello world"]
+    with torch.no_grad():
+        direct = torch.log_softmax(ref(torch.tensor([[1] + tgt[:-1]]))[0].double(), -1)
+    per_tok = [direct[i, t].item() for i, t in enumerate(tgt)]
+    assert ll[1][0] == pytest.approx(sum(per_tok[:5]), rel=1e-5)
+    # carried state: the 11-token document over windows of 6 scores like the one pass above
+    (roll,) = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, ("hello world",), 0)])
+    assert roll == pytest.approx(sum(per_tok), rel=1e-5)
+    assert ll[0][0] < 0
+    (text,) = lm.generate_until([Instance("generate_until", {}, ("abc", {"until": ["zzz"]}), 0)])
+    seq = [b + 3 for b in b"abc"]  # greedy by hand: 5 new tokens at most, ending at </s> (2)
+    with torch.no_grad():
+        while len(seq) < 8 and seq[-1] != 2:
+            seq.append(int(ref(torch.tensor([seq]))[0, -1].argmax()))
+    assert text == lm.tok.decode([i for i in seq[3:] if i != 2])
+
+
 def test_adapter_runs_the_table3_tasks_offline(tmp_path):
     pytest.importorskip("lm_eval")
     from dpx.tasks.lm.config import LMEvalOptions

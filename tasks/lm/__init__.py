@@ -10,7 +10,8 @@ Modules, one job each:
     sources.py         text sources: hub data sets (lazy `datasets` streaming), local Parquet/JSONL/txt, offline corpora
     packing.py         documents -> <s>-prefixed, packed, shuffled, resumable token sequences; background prefetch
     task.py            the `lm` run: train through dpx.tasks.training.loop.fit, then evaluations
-    lm_eval_adapter.py lm-evaluation-harness TemplateLM over our model; shipped look-alike tasks for offline runs
+    lm_eval_adapter.py lm-evaluation-harness TemplateLM over our model (registered as "dpx"), torch-only scoring
+                       helpers; shipped look-alike tasks for offline runs
     extrapolation.py   per-position loss to 32K, 501-token moving average
     effective_rank.py  effective rank of every head's state, replayed on the device with batched SVD
     throughput.py      Fig. 4 tokens/s; fla's GatedDeltaProduct in our LM wrapper as the comparison

@@ -49,6 +49,9 @@ class LMEvalOptions:
     add_bos: bool = False
     """prepend <s> to every context (HFLM's default for the Mistral tokenizer is no; the empty-context and
     rolling-window prefix token is <s> either way)"""
+    carry_state: bool = False
+    """wikitext's rolling log-likelihood carries the recurrent state from window to window (the exact
+    whole-document likelihood); false: the harness's disjoint windows of max_length tokens (HFLM, the paper)"""
 
     def __post_init__(self):
         bad = [t for t in self.tasks if t not in LM_EVAL_TASKS]
