@@ -25,7 +25,7 @@ from . import reference, views
 from .rundir import RunDirData, read_run_dir
 
 SECTIONS = ("model", "task", "train", "eval", "hardware")
-SCHEMA_VERSION = 3  # bump when tables or views change; is_current() tells callers to rebuild
+SCHEMA_VERSION = 4  # bump when tables or views change; is_current() tells callers to rebuild
 
 # Fixed columns of `trials` (name, SQL type). Flattened config columns (`model__num_householder`, ...) follow.
 TRIAL_COLUMNS: list[tuple[str, str]] = [
@@ -34,7 +34,8 @@ TRIAL_COLUMNS: list[tuple[str, str]] = [
     ("model_label", "VARCHAR"), ("n_h", "INTEGER"), ("gated", "BOOLEAN"), ("beta_range", "VARCHAR"),
     ("num_layers", "INTEGER"), ("num_heads", "INTEGER"), ("size_label", "VARCHAR"), ("matching", "VARCHAR"),
     ("task_name", "VARCHAR"), ("group_name", "VARCHAR"), ("language", "VARCHAR"), ("dataset", "VARCHAR"),
-    ("train_len", "INTEGER"), ("seq_len", "INTEGER"), ("batch_size", "INTEGER"), ("num_params", "DOUBLE"),
+    ("train_len", "INTEGER"), ("seq_len", "INTEGER"), ("batch_size", "INTEGER"), ("impl", "VARCHAR"),
+    ("num_params", "DOUBLE"),
     ("submitted_at", "TIMESTAMP"), ("started_at", "TIMESTAMP"), ("ended_at", "TIMESTAMP"),
     ("duration_s", "DOUBLE"), ("host", "VARCHAR"), ("device", "VARCHAR"), ("mlflow_run_id", "VARCHAR"),
     ("error", "VARCHAR"), ("run_dir", "VARCHAR"), ("n_warnings", "INTEGER"), ("config", "JSON"),

@@ -67,7 +67,10 @@ CONFIG_FIELDS: dict[str, tuple[str, ...]] = {
     "dataset": ("task.dataset", "eval.dataset", "task.data"),
     "train_len": ("task.train_len", "task.seq_len", "task.context_len", "train.seq_len"),
     "seq_len": ("task.seq_len", "task.context_len", "task.train_len"),  # Fig. 4's training sequence length
-    "batch_size": ("train.batch_size",),
+    # the throughput task's own batch first: every resolved trial also carries train.batch_size (its default 32),
+    # which a throughput trial never uses; LM trials with task.tokens_per_step: see identity()
+    "batch_size": ("task.batch_size", "train.batch_size"),
+    "impl": ("task.impl",),  # throughput: dpx (our mixer) or fla (fla's GatedDeltaProduct in the same LM)
 }
 
 # Table 5's 393M Gated DeltaProduct_2 is left out: 392M and 393M are closer than any parameter count can tell.
@@ -201,6 +204,9 @@ def identity(cfg: dict, recipe: str, num_params: float | None = None) -> dict[st
     layers = lookup(cfg, "num_layers")
     tl = lookup(cfg, "train_len")
     sl, bs, nh = lookup(cfg, "seq_len"), lookup(cfg, "batch_size"), lookup(cfg, "num_heads")
+    tps, ctx = _int(get_path(cfg, "task.tokens_per_step")), _int(get_path(cfg, "task.context_len"))
+    if tps and ctx:  # the LM task sets the batch from its token budget (tasks/lm/task.py:resolve_train)
+        bs = tps // ctx
     return {
         "model_label": model_label(cfg),
         "n_h": _int(n_h),
@@ -216,5 +222,6 @@ def identity(cfg: dict, recipe: str, num_params: float | None = None) -> dict[st
         "train_len": _int(tl),
         "seq_len": _int(sl),
         "batch_size": _int(bs),
+        "impl": (str(lookup(cfg, "impl")) if lookup(cfg, "impl") is not None else None),
         "num_heads": _int(nh),
     }

@@ -190,12 +190,14 @@ def fig4(db_path, out: Path, recipe: str | None = None) -> Path | None:
     for ax, mode in zip(axes[:, 0], modes):
         mine = [d for d in data if d["panel"] == mode]
         shapes = sorted({(d["seq_len"] or 0, d["batch_size"] or 0) for d in mine})
-        variants = sorted({(bool(d["gated"]), d["n_h"] or 1) for d in mine})
+        variants = sorted({(bool(d["gated"]), d["n_h"] or 1, d["impl"]) for d in mine})
         w = 0.8 / max(len(variants), 1)
-        for i, (g, n_h) in enumerate(variants):
+        for i, (g, n_h, impl) in enumerate(variants):
             ys = [next((d["tokens_per_s"] for d in mine if (d["seq_len"] or 0, d["batch_size"] or 0) == s
-                        and bool(d["gated"]) == g and (d["n_h"] or 1) == n_h), 0.0) for s in shapes]
-            ax.bar(np.arange(len(shapes)) + i * w, ys, w, label=f"{'gated ' if g else ''}n_h={n_h}")
+                        and bool(d["gated"]) == g and (d["n_h"] or 1) == n_h and d["impl"] == impl), 0.0)
+                  for s in shapes]
+            label = f"{'gated ' if g else ''}n_h={n_h}" + (f" ({impl})" if impl != "dpx" else "")
+            ax.bar(np.arange(len(shapes)) + i * w, ys, w, label=label, hatch="//" if impl != "dpx" else None)
         ax.set_xticks(np.arange(len(shapes)) + w * (len(variants) - 1) / 2)
         ax.set_xticklabels([f"{s or '?'}x{b or '?'}" for s, b in shapes])
         ax.set_title(mode)

@@ -111,19 +111,28 @@ ORDER BY group_name"""
 
 
 def fig4(where: str = "TRUE") -> str:
+    # One row per (task, matching, shape, model, impl). The ratio to n_h = 1 compares like with like (same impl);
+    # dpx_over_fla sets our mixer against fla's layer in the same LM at the same shape and model.
     return f"""
 WITH r AS (
   SELECT t.task_name, t.model_label AS model, t.n_h, t.gated, t.matching, t.seq_len, t.batch_size,
+    t.seq_len * t.batch_size AS tokens_per_batch, coalesce(t.impl, 'dpx') AS impl,
     avg(s.value) AS tokens_per_s, count(DISTINCT t.trial_id) AS n_runs
   FROM trials t JOIN summary s USING (trial_id)
   WHERE {DONE} AND ({where}) AND s.key = {lit(K.TOKENS_PER_S)}
   GROUP BY ALL)
-SELECT a.*, a.tokens_per_s / b.tokens_per_s AS ratio_to_n_h1
-FROM r a LEFT JOIN r b ON b.n_h = 1 AND b.task_name IS NOT DISTINCT FROM a.task_name
+SELECT a.*, a.tokens_per_s / b.tokens_per_s AS ratio_to_n_h1,
+  CASE WHEN a.impl = 'dpx' THEN a.tokens_per_s / f.tokens_per_s END AS dpx_over_fla
+FROM r a
+LEFT JOIN r b ON b.n_h = 1 AND b.impl = a.impl AND b.task_name IS NOT DISTINCT FROM a.task_name
   AND b.gated IS NOT DISTINCT FROM a.gated
   AND b.matching IS NOT DISTINCT FROM a.matching AND b.seq_len IS NOT DISTINCT FROM a.seq_len
   AND b.batch_size IS NOT DISTINCT FROM a.batch_size
-ORDER BY a.task_name, a.matching, a.seq_len, a.batch_size, a.gated, a.n_h"""
+LEFT JOIN r f ON f.impl = 'fla' AND f.n_h IS NOT DISTINCT FROM a.n_h AND f.task_name IS NOT DISTINCT FROM a.task_name
+  AND f.gated IS NOT DISTINCT FROM a.gated
+  AND f.matching IS NOT DISTINCT FROM a.matching AND f.seq_len IS NOT DISTINCT FROM a.seq_len
+  AND f.batch_size IS NOT DISTINCT FROM a.batch_size
+ORDER BY a.task_name, a.matching, a.seq_len, a.batch_size, a.gated, a.n_h, a.impl"""
 
 
 def fig8(where: str = "TRUE") -> str:
