@@ -399,9 +399,10 @@ def sync(workspace: Optional[str] = WS_OPT):
     from .results import refresh_duckdb, sync_mlflow
 
     ws = _ws(workspace, must_exist=True)
-    n = sync_mlflow(ws)
+    n, closed = sync_mlflow(ws)
     db = refresh_duckdb(ws, force=True)
-    out.print(f"MLflow: {n} trial run(s) synced; DuckDB rebuilt at {db}")
+    out.print(f"MLflow: {n} trial run(s) synced, {closed} parent run(s) of dead drivers closed; DuckDB rebuilt at "
+              f"{escape(str(db))}")
 
 
 @app.command()

@@ -70,6 +70,47 @@ def _ended(run_dir: Path, attempt: int) -> bool:
     return any((read_json(Path(run_dir) / f) or {}).get("attempt") == attempt for f in ("result.json", "error.json"))
 
 
+def settle(store: StateStore, row, out: Outcome, reason: str, max_retries: int, timeout_s: float | None) -> str:
+    """Decide how an ended attempt ends its trial, from its run dir (result.json / error.json) and how the backend
+    saw it end; write that into the state store and return the new status ("pending": requeued, preempted or
+    retried under max_retries). Shared by the driver and by `dpx status` / `dpx sync` when no driver is alive."""
+    recipe, tid = row["recipe"], row["trial_id"]
+    run_dir = Path(row["run_dir"])
+    res, err = read_json(run_dir / "result.json"), read_json(run_dir / "error.json")
+    attempt = row["attempts"]
+    status, error = "failed", None
+    if reason == "cancelled":
+        status, error = "cancelled", "cancelled by user"
+    elif res and res.get("attempt") == attempt and res.get("status") == "completed" and reason != "timeout":
+        status = "completed"
+    elif reason == "timeout":
+        error = f"timed out after {(timeout_s or 0) / 60:g} min (hardware.timeout_min)"
+    elif err and err.get("attempt") == attempt and err.get("status") == "preempted":
+        status = "preempted"
+    elif err and err.get("attempt") == attempt:
+        error = err.get("error") or "failed"
+    elif reason == "lost":
+        error = f"worker lost: {out.detail or 'no result written'}"
+    else:
+        code = out.exit_code
+        sig = f" (signal {-code})" if code is not None and code < 0 else ""
+        error = f"exited with code {code}{sig} before writing a result" + (
+            f"; log: {log_tail(run_dir)}" if log_tail(run_dir) else "")
+    if status == "preempted":
+        n = (row["preemptions"] or 0) + 1
+        if n <= MAX_PREEMPTIONS:
+            store.set_trial(recipe, tid, expect_status="running", status="pending", preemptions=n, owner=None,
+                            error="preempted; requeued from checkpoint")
+            return "pending"
+        status, error = "failed", f"preempted {n} times"
+    if status == "failed" and attempt <= max_retries:
+        store.set_trial(recipe, tid, expect_status="running", status="pending", owner=None,
+                        error=f"attempt {attempt} failed, retrying: {error}"[:1000])
+        return "pending"
+    store.set_trial(recipe, tid, status=status, ended_at=time.time(), error=error)
+    return status
+
+
 def driver_alive(sub) -> bool:
     if sub is None or sub["state"] not in ("starting", "running", "cancelling"):
         return False
@@ -120,6 +161,9 @@ class Driver:
                                          mlflow_parent_run_id=self.parent_id)
             self.forwarder = Forwarder(self.tracker, self.ws.state_db, self.recipe, self.exp_id, self.parent_id)
             self.forwarder.start()
+            from .orphans import close_orphan_parents  # parents of killed drivers: closed, or adopted till our end
+
+            self._mlflow(close_orphan_parents, self.store, self.tracker, self.recipe, self.sub_id, True)
         except Exception as e:  # noqa: BLE001
             print(f"[driver] MLflow unavailable, run dirs only (dpx sync later): {e}", flush=True)
             self.tracker = self.forwarder = None
@@ -231,43 +275,9 @@ class Driver:
         rows = self.store.q("SELECT * FROM trials WHERE recipe = ? AND trial_id = ?", (self.recipe, out.trial_id))
         if not rows:
             return
-        row = rows[0]
-        run_dir = Path(row["run_dir"])
         reason = (info or {}).get("reason") or out.reason
-        res, err = read_json(run_dir / "result.json"), read_json(run_dir / "error.json")
-        now = time.time()
-        attempt = row["attempts"]
-        status, error = "failed", None
-        if reason == "cancelled":
-            status, error = "cancelled", "cancelled by user"
-        elif res and res.get("attempt") == attempt and res.get("status") == "completed" and reason != "timeout":
-            status = "completed"
-        elif reason == "timeout":
-            error = f"timed out after {self.timeout_s / 60:g} min (hardware.timeout_min)"
-        elif err and err.get("attempt") == attempt and err.get("status") == "preempted":
-            status = "preempted"
-        elif err and err.get("attempt") == attempt:
-            error = err.get("error") or "failed"
-        elif reason == "lost":
-            error = f"worker lost: {out.detail or 'no result written'}"
-        else:
-            code = out.exit_code
-            sig = f" (signal {-code})" if code is not None and code < 0 else ""
-            error = f"exited with code {code}{sig} before writing a result" + (
-                f"; log: {log_tail(run_dir)}" if log_tail(run_dir) else "")
-        if status == "preempted":
-            n = (row["preemptions"] or 0) + 1
-            if n <= MAX_PREEMPTIONS:
-                self.store.set_trial(self.recipe, out.trial_id, expect_status="running", status="pending",
-                                     preemptions=n, owner=None, error="preempted; requeued from checkpoint")
-                return
-            status, error = "failed", f"preempted {n} times"
-        if status == "failed" and attempt <= self.max_retries:
-            self.store.set_trial(self.recipe, out.trial_id, expect_status="running", status="pending", owner=None,
-                                 error=f"attempt {attempt} failed, retrying: {error}"[:1000])
-            return
-        self.store.set_trial(self.recipe, out.trial_id, status=status, ended_at=now, error=error)
-        if self.forwarder is not None:
+        status = settle(self.store, rows[0], out, reason, self.max_retries, self.timeout_s)
+        if status in ("completed", "failed", "cancelled") and self.forwarder is not None:
             self.forwarder.put("final", out.trial_id)
 
     def _check_timeouts(self, now: float) -> None:
@@ -372,6 +382,9 @@ class Driver:
         status = "FINISHED" if counts["failed"] == 0 and state == "done" else (
             "KILLED" if state == "cancelled" else "FAILED")
         self._mlflow(self.tracker.end_parent, self.parent_id, status, figures)
+        from .orphans import close_orphan_parents  # the ones we adopted: closed as their trials ended
+
+        self._mlflow(close_orphan_parents, self.store, self.tracker, self.recipe, self.sub_id, False)
 
 
 def spawn_driver(ws: Workspace, submission_id: str) -> int:

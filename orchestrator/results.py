@@ -56,6 +56,9 @@ def print_results(ws, store: StateStore, recipe: str, sub_id: str, axes: list[st
 
 
 def print_status(ws, store: StateStore, recipe: str | None, console, all_trials: bool = False) -> None:
+    from .orphans import refresh_orphans
+
+    settled, backend_notes = refresh_orphans(store, recipe)  # no live driver: ask the backend (local pid, sacct)
     recipes = [recipe] if recipe else sorted({r["recipe"] for r in store.q("SELECT recipe FROM trials")})
     t = Table(title=f"dpx status ({escape(str(ws.root))})")
     for col in ("recipe", "total", "completed", "running", "pending", "failed", "cancelled", "driver"):
@@ -80,8 +83,10 @@ def print_status(ws, store: StateStore, recipe: str | None, console, all_trials:
             for r in store.trials(recipe=name):
                 console.print(f"{r['status']:>9} {name}/{r['trial_id']} attempts={r['attempts']} {r['point']}",
                               highlight=False)
-    for n in notes:
-        console.print(f"[yellow]note:[/yellow] {n}", highlight=False)
+    if settled:
+        notes.insert(0, f"{settled} trial(s) of a dead driver settled from the backend and their run dirs")
+    for n in backend_notes + notes:
+        console.print(f"[yellow]note:[/yellow] {escape(n)}", highlight=False)
 
 
 # ---- DuckDB -------------------------------------------------------------------------------------------------
@@ -116,17 +121,23 @@ def refresh_duckdb(ws, force: bool = False) -> Path:
 
 
 # ---- MLflow sync ----------------------------------------------------------------------------------------------
-def sync_mlflow(ws) -> int:
-    """Log every finished trial that MLflow does not have complete yet (no driver reached it, or MLflow failed)."""
+def sync_mlflow(ws) -> tuple[int, int]:
+    """Log every finished trial that MLflow does not have complete yet (no driver reached it, or MLflow failed),
+    after settling what dead drivers left running; then close their parent runs. Returns (trials synced, parent
+    runs closed)."""
+    from .orphans import close_orphan_parents, refresh_orphans
     from .tracking import Tracker
 
     store = StateStore(ws.state_db)
+    refresh_orphans(store)
     rows = store.q("SELECT * FROM trials WHERE status IN ('completed','failed','cancelled') AND mlflow_done = 0")
-    if not rows:
-        return 0
+    if not rows and not store.q("SELECT 1 FROM submissions WHERE mlflow_parent_run_id IS NOT NULL AND "
+                                "state NOT IN ('done', 'cancelled') LIMIT 1"):
+        return 0, 0
     tracker = Tracker(ws.mlflow_uri(), ws.mlflow_artifacts)
     n = 0
     parents: dict[str, tuple[str, str]] = {}
+    made: list[str] = []  # parent runs made here, for trials no submission's parent run covers
     for r in rows:
         cfg = json.loads(r["config"])
         exp_name = (cfg.get("tracking") or {}).get("experiment") or r["recipe"]
@@ -136,14 +147,15 @@ def sync_mlflow(ws) -> int:
             pid = sub["mlflow_parent_run_id"] if sub is not None else None
             if not pid:
                 pid = tracker.parent_run(exp_id, f"sync-{time.strftime('%Y%m%d-%H%M%S')}", r["recipe"], "", 0)
+                made.append(pid)
             parents[r["recipe"]] = (exp_id, pid)
         row = {**dict(r), "run_dir": str(ws.run_dir(r["recipe"], r["trial_id"]))}
         run_id, off = tracker.sync_trial(exp_id, parents[r["recipe"]][1], row, final=True, find_existing=True)
         store.set_trial(r["recipe"], r["trial_id"], mlflow_run_id=run_id, mlflow_offset=off, mlflow_done=1)
         n += 1
-    for exp_id, pid in parents.values():
+    for pid in made:  # a submission's own parent run is its driver's (or close_orphan_parents') to close
         try:
             tracker.client.set_terminated(pid, "FINISHED")
         except Exception:  # noqa: BLE001
             pass
-    return n
+    return n, close_orphan_parents(store, tracker)

@@ -268,7 +268,7 @@ class SlurmBackend(Backend):
             del self.jobs[key]
             reason = self.cancel_reason.pop(key, None)
             if reason is None:
-                reason = "cancelled" if state == "CANCELLED" else "lost" if state in LOST else "exited"
+                reason = end_reason(state)
             done.append(Outcome(key[0], key[1], j["attempt"], code, reason, f"Slurm job {j['job']} ended {state}"))
         return done
 
@@ -294,15 +294,16 @@ class SlurmBackend(Backend):
 
     # ---- scheduler queries --------------------------------------------------------------------------------------
     @staticmethod
-    def states(job_ids: list[str]) -> dict[str, tuple[str, int | None]]:
-        """{array task id: (state, exit code or None)}: squeue for live and recent jobs, sacct for the rest."""
+    def states(job_ids: list[str], timeout: float = 60) -> dict[str, tuple[str, int | None]]:
+        """{array task id: (state, exit code or None)}: squeue for live and recent jobs, sacct for the rest.
+        Raises subprocess.TimeoutExpired when either takes longer than `timeout` seconds."""
         masters = sorted({j.split("_")[0] for j in job_ids})
         out: dict[str, tuple[str, int | None]] = {}
         if not masters:
             return out
         for chunk in range(0, len(masters), 200):
             ids = ",".join(masters[chunk:chunk + 200])
-            r = _run(["squeue", "-h", "-r", "-t", "all", "-j", ids, "-o", "%i|%T"])
+            r = _run(["squeue", "-h", "-r", "-t", "all", "-j", ids, "-o", "%i|%T"], timeout)
             for line in r.stdout.splitlines() if r.returncode == 0 else []:
                 jid, _, state = line.partition("|")
                 out[jid.strip()] = (state.strip().split()[0], None)
@@ -310,7 +311,8 @@ class SlurmBackend(Backend):
         if need and shutil.which("sacct"):
             want = sorted({j.split("_")[0] for j in need})
             for chunk in range(0, len(want), 200):
-                r = _run(["sacct", "-X", "-n", "-P", "-o", "JobID,State,ExitCode", "-j", ",".join(want[chunk:chunk + 200])])
+                r = _run(["sacct", "-X", "-n", "-P", "-o", "JobID,State,ExitCode", "-j", ",".join(want[chunk:chunk + 200])],
+                         timeout)
                 for line in r.stdout.splitlines() if r.returncode == 0 else []:
                     parts = line.split("|")
                     if len(parts) < 3 or "[" in parts[0]:
@@ -320,6 +322,13 @@ class SlurmBackend(Backend):
                         continue  # squeue is fresher for a job it still lists as alive
                     out[parts[0]] = (state, _exit_code(parts[2]))
         return out
+
+
+def end_reason(state: str) -> str | None:
+    """How a Slurm job state ends an attempt for the driver (cancelled | lost | exited); None while it lives."""
+    if state in ALIVE:
+        return None
+    return "cancelled" if state == "CANCELLED" else "lost" if state in LOST else "exited"
 
 
 def _exit_code(field: str) -> int | None:
