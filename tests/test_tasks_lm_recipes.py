@@ -52,3 +52,22 @@ def test_table3_matches_parameters_by_head_dim():
     assert tc["task"]["tokens_per_step"] == 524288 and tc["train"]["warmup_steps"] == 512
     assert (tc["train"]["lr"], tc["train"]["min_lr_ratio"], tc["train"]["weight_decay"]) == (3e-4, 0.1, 0.01)
     assert tuple(tc["train"]["betas"]) == (0.9, 0.95) and tc["train"]["grad_clip"] == 1.0
+
+
+def test_vocab_mismatch_is_a_recipe_error_before_any_trial(tmp_path):
+    """Bad input: a tokenizer whose ids do not match model.vocab_size fails `dpx expand` with one line naming the
+    key (exit 2, nothing written), for every LM task name; a matching pair expands."""
+    import subprocess
+    import sys
+
+    from dpx.orchestrator.errors import RecipeError
+    for task in ("lm", "lm_eval", "extrapolation", "effective_rank"):
+        with pytest.raises(RecipeError, match=r"model.vocab_size: 32000 does not match tokenizer byte \(259 ids\)"):
+            expand(RECIPES / "table3.yaml", ["scale=cpu", "task.tokenizer=byte", f"task.name={task}"])
+    assert expand(RECIPES / "table3.yaml", ["scale=cpu", "task.tokenizer=byte", "model.vocab_size=259"]).trials
+    p = subprocess.run([sys.executable, "-m", "dpx.orchestrator.cli", "expand", str(RECIPES / "table3.yaml"),
+                        "scale=cpu", "task.tokenizer=byte"], capture_output=True, text=True, cwd=tmp_path,
+                       env={**__import__("os").environ, "DPX_WORKSPACE": str(tmp_path / "ws")}, timeout=120)
+    assert p.returncode == 2 and p.stdout == ""
+    assert len(p.stderr.strip().splitlines()) == 1 and "model.vocab_size: 32000 does not match" in p.stderr
+    assert list(tmp_path.iterdir()) == []

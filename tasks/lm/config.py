@@ -207,6 +207,11 @@ class LMConfig:
         if self.name not in ("lm", *EVALS):
             raise ValueError(f"name: {self.name!r} is not a language-modelling task")
 
+    def check_model(self, model: dict) -> None:
+        """Recipe-time cross-check (dpx expand / submit, orchestrator/trials.py): the tokenizer's ids must match
+        the model's vocabulary, so a mismatch is one line before any trial starts (run() checks again)."""
+        check_vocab({"tokenizer": self.tokenizer}, model)
+
 
 @dataclass
 class LMEvalConfig(LMConfig):
