@@ -18,8 +18,8 @@ import time
 import traceback
 from pathlib import Path
 
-from .backends import Launch, Outcome, make_backend
 from . import worker
+from .backends import Launch, Outcome, make_backend
 from .state import StateStore, pid_alive
 from .workspace import Workspace
 
