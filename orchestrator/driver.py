@@ -159,11 +159,11 @@ class Driver:
                                                          len(self.order))
             self.store.update_submission(self.sub_id, mlflow_experiment_id=self.exp_id,
                                          mlflow_parent_run_id=self.parent_id)
-            self.forwarder = Forwarder(self.tracker, self.ws.state_db, self.recipe, self.exp_id, self.parent_id)
-            self.forwarder.start()
             from .orphans import close_orphan_parents  # parents of killed drivers: closed, or adopted till our end
 
             self._mlflow(close_orphan_parents, self.store, self.tracker, self.recipe, self.sub_id, True)
+            self.forwarder = Forwarder(self.tracker, self.ws.state_db, self.recipe, self.exp_id, self.parent_id)
+            self.forwarder.start()
         except Exception as e:  # noqa: BLE001
             print(f"[driver] MLflow unavailable, run dirs only (dpx sync later): {e}", flush=True)
             self.tracker = self.forwarder = None
