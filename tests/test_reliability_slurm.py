@@ -43,6 +43,12 @@ tracking: {enabled: false}
     before = rows_of(ws, "ss")
     assert all(before[t]["status"] == "running" for t in (ok, bad, slow))  # what the dead driver left
 
+    from dpx.orchestrator.orphans import refresh_orphans
+
+    n, notes = refresh_orphans(StateStore(ws / "state.db"), "ss", timeout_s=1e-3)  # squeue cannot answer in 1 ms
+    assert n == 0 and len(notes) == 1 and "did not answer" in notes[0], notes
+    assert rows_of(ws, "ss") == before  # nothing settled on a guess
+
     t0 = time.time()
     st = run_dpx("status", str(recipe), ws=ws)
     took = time.time() - t0
