@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,26 +16,16 @@ from pathlib import Path
 import pytest
 
 from test_reliability_faults import (  # noqa: F401  (mlflow_template: the session fixture, shared)
-    attempts_in_log, expand_ids, mlflow_template, new_ws, submissions, trials, wait_for)
+    attempts_in_log, dead_submission, expand_ids, mlflow_template, new_ws, submissions, trials, wait_for)
 
 
 def test_started_but_unrecorded_trials_are_adopted_not_lost(tmp_path, dpx):
     from dpx.orchestrator.driver import write_run_dir
-    from dpx.orchestrator.state import StateStore
-    from dpx.orchestrator.trials import expand
-    from dpx.orchestrator.workspace import Workspace
 
     recipe = tmp_path / "adopt.yaml"
     recipe.write_text("name: adopt\ntask: {name: debug, steps: 4, sleep_s: 4.0}\ntracking: {enabled: false}\n"
                       "grid: {task.value: [1.0, 2.0, 3.0]}\nhardware: {max_parallel: 2, max_retries: 1}\n")
-    ex = expand(recipe)
-    w = Workspace(tmp_path / "ws").create()
-    store = StateStore(w.state_db)
-    store.add_submission("dead", ex.recipe, str(recipe), [], "local", ex.trials,
-                         lambda t: w.run_dir("adopt", t.trial_id))
-    gone = subprocess.Popen(["true"])
-    gone.wait()  # the dead driver's pid
-    store.update_submission("dead", state="running", driver_pid=gone.pid, driver_host=socket.gethostname())
+    ex, w, store = dead_submission(tmp_path, recipe)
     running, late, untouched = (t.trial_id for t in ex.trials)
     procs = {}
     for tid, delay in ((running, 0), (late, 3)):  # `late`: its Python still starting when the next driver looks

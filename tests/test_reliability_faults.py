@@ -453,26 +453,34 @@ def test_two_submits_at_once_and_queries_while_writing(tmp_path, mlflow_template
 
 # ---- a driver killed between claiming a trial and starting it ----------------------------------------------------
 
-def test_claimed_but_never_started_trial_is_requeued_not_lost(tmp_path, dpx):
-    """The state a driver leaves when SIGKILLed right after claiming trials (status running, no process yet).
-    The next `dpx submit` must run a claim that never started (its log has no header for that attempt) as if
-    nothing happened, and settle one whose attempt did start but whose process is gone as lost."""
+def dead_submission(tmp_path: Path, recipe: Path):
+    """A workspace holding one submission "dead" of `recipe`, its trials pending and its driver gone (a pid that
+    is no longer alive): what a SIGKILLed driver leaves. Returns (expansion, workspace, open state store)."""
     import socket
 
     from dpx.orchestrator.state import StateStore
     from dpx.orchestrator.trials import expand
     from dpx.orchestrator.workspace import Workspace
 
-    recipe = tmp_path / "claim.yaml"
-    recipe.write_text("name: claim\ntask: {name: debug, steps: 1}\ntracking: {enabled: false}\n"
-                      "grid: {task.value: [1.0, 2.0, 3.0]}\nhardware: {max_parallel: 2}\n")
     ex = expand(recipe)
     w = Workspace(tmp_path / "ws").create()
     store = StateStore(w.state_db)
-    store.add_submission("dead", ex.recipe, str(recipe), [], "local", ex.trials, lambda t: w.run_dir("claim", t.trial_id))
+    store.add_submission("dead", ex.recipe, str(recipe), [], "local", ex.trials,
+                         lambda t: w.run_dir(ex.recipe, t.trial_id))
     gone = subprocess.Popen(["true"])
-    gone.wait()  # a pid that is no longer alive: the dead driver's
+    gone.wait()
     store.update_submission("dead", state="running", driver_pid=gone.pid, driver_host=socket.gethostname())
+    return ex, w, store
+
+
+def test_claimed_but_never_started_trial_is_requeued_not_lost(tmp_path, dpx):
+    """The state a driver leaves when SIGKILLed right after claiming trials (status running, no process yet).
+    The next `dpx submit` must run a claim that never started (its log has no header for that attempt) as if
+    nothing happened, and settle one whose attempt did start but whose process is gone as lost."""
+    recipe = tmp_path / "claim.yaml"
+    recipe.write_text("name: claim\ntask: {name: debug, steps: 1}\ntracking: {enabled: false}\n"
+                      "grid: {task.value: [1.0, 2.0, 3.0]}\nhardware: {max_parallel: 2}\n")
+    ex, w, store = dead_submission(tmp_path, recipe)
     never, started, untouched = (t.trial_id for t in ex.trials)
     for tid in (never, started):
         assert store.claim("claim", tid, "dead") is not None
