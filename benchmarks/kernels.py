@@ -1,6 +1,7 @@
 """DeltaProduct kernel benchmark on one GPU: dpx Triton vs fla-core (optional) vs the naive loop, with floors.
 
-    python benchmarks/kernels.py [--out DIR] [--ns 1,2,3,4] [--bwd-ns ...] [--fla-ns ...] [--fla-bwd]
+    python benchmarks/kernels.py [--out DIR] [--ns 1,2,3,4] [--bwd-ns ...] [--fla-ns ...] [--fla-bwd] [--stages]
+                                 [--decode-sweep]
 
 Shape (issue 4): B=4, T=4096, H=16, d_k=d_v=128, bf16; n_h 1-4, gated and not; forward and forward+backward.
 Floors: bytes moved / measured device-to-device copy bandwidth, FLOPs of the chunkwise algorithm / measured bf16
@@ -47,6 +48,67 @@ except Exception as e:  # noqa: BLE001 - fla is optional
 
 def bench(fn, warmup=25, rep=100):
     return triton.testing.do_bench(fn, warmup=warmup, rep=rep, quantiles=[0.5])
+
+
+def bench_graph(fn, steps=16):
+    """Median time of one call of fn when `steps` calls are replayed from a CUDA graph (no host overhead)."""
+    fn()  # autotune and compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(steps):
+            fn()
+    return bench(graph.replay) / steps
+
+
+def decode_sweep(q, k, v, g, beta, n, S):
+    """Graph time of the decode kernel for each (BV, num_warps), bypassing the autotuner."""
+    from dpx.kernels.delta_product import fused_recurrent as fr
+    jit = fr.fused_recurrent_dp_fwd_kernel.fn.fn  # heuristics -> autotuner -> JITFunction
+    B_, T_, H_, K_ = q.shape
+    V_ = v.shape[-1]
+    o = torch.empty(B_, T_, H_, V_, device=q.device, dtype=q.dtype)
+    ht = torch.empty_like(S)
+    out = {}
+    for bv, w in [(bv, w) for bv in (16, 32, 64) for w in (1, 2, 4, 8)] + [(128, 4), (128, 8)]:
+        launch = lambda: jit[(triton.cdiv(V_, bv), B_ * H_)](
+            q, k, v, g, beta, o, S, ht, None, K_ ** -0.5, T_, H=H_, K=K_, V=V_, NH=n, BK=K_, BV=bv,
+            USE_L2NORM=False, USE_G=True, USE_INITIAL_STATE=True, STORE_FINAL_STATE=True, IS_VARLEN=False,
+            num_warps=w)
+        try:
+            out[f"BV{bv}/w{w}"] = bench_graph(launch)
+        except Exception as e:  # noqa: BLE001 - a config that does not compile (registers) is skipped
+            print(f"decode config {(bv, w)}: {type(e).__name__}")
+    return out
+
+
+def stage_times(B, T, H, K, V, n, gated, dtype, dev):
+    """Each forward and backward kernel timed on its own (ms), to see what limits the total."""
+    from dpx.kernels.delta_product.chunk_bwd import chunk_dp_bwd_dqkwg, chunk_dp_bwd_dv_local
+    from dpx.kernels.delta_product.chunk_h import chunk_dp_bwd_dh, chunk_dp_fwd_h
+    from dpx.kernels.delta_product.chunk_o import chunk_dp_fwd_o
+    from dpx.kernels.delta_product.index import chunk_table
+    from dpx.kernels.delta_product.wy_fast import chunk_dp_fwd_prepare
+    q, k, v, g, beta = inputs(B, T, H, K, V, n, gated, dtype, dev)
+    q, k, v, beta = q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), beta.flatten(0, 1)
+    g = None if g is None else g.flatten(0, 1)
+    do = torch.randn_like(v[: q.shape[0]])
+    tab = chunk_table(B, T, n, dev)
+    sc, p = K ** -0.5, "tf32"
+    w, u, kd, gamma, G, t = chunk_dp_fwd_prepare(k, v, beta, g, tab, p, store_t=True)
+    h, vn, _ = chunk_dp_fwd_h(w, u, kd, gamma, None, tab, False, dtype, p)
+    dvl = chunk_dp_bwd_dv_local(q, k, G, do, tab, sc, p)
+    dh, dvn, _ = chunk_dp_bwd_dh(q, do, w, kd, gamma, G, dvl, None, tab, sc, False, p)
+    return {
+        "prepare": bench(lambda: chunk_dp_fwd_prepare(k, v, beta, g, tab, p)),
+        "prepare+T": bench(lambda: chunk_dp_fwd_prepare(k, v, beta, g, tab, p, store_t=True)),
+        "fwd_h": bench(lambda: chunk_dp_fwd_h(w, u, kd, gamma, None, tab, False, dtype, p)),
+        "fwd_o": bench(lambda: chunk_dp_fwd_o(q, k, G, h, vn, tab, sc, p)),
+        "bwd_dv_local": bench(lambda: chunk_dp_bwd_dv_local(q, k, G, do, tab, sc, p)),
+        "bwd_dh": bench(lambda: chunk_dp_bwd_dh(q, do, w, kd, gamma, G, dvl, None, tab, sc, False, p)),
+        "bwd_dqkwg": bench(lambda: chunk_dp_bwd_dqkwg(q, k, v, beta, G, t, h, dh, vn, dvn, do, tab, sc,
+                                                      g is not None, p)),
+    }
 
 
 def measured_rates(dev):
@@ -97,6 +159,8 @@ def main():
     ap.add_argument("--fla-ns", default="1,2,3,4", help="n_h values timed with fla (its autotuning takes minutes)")
     ap.add_argument("--no-check", action="store_true", help="skip the bf16-vs-fp32 correctness check")
     ap.add_argument("--fla-bwd", action="store_true", help="also time fla's forward+backward")
+    ap.add_argument("--stages", action="store_true", help="time each forward/backward kernel alone (--bwd-ns)")
+    ap.add_argument("--decode-sweep", action="store_true", help="time the decode kernel at every (BV, warps)")
     args = ap.parse_args()
     dev = "cuda"
     B, T, H, K, V = (4, 4096, 16, 128, 128)
@@ -142,17 +206,29 @@ def main():
         t_ours_small = bench(lambda: chunk_gated_delta_product(q, k, v, g, beta, 2))
     say(f"naive loop B=1 T=1024 H=16 n=2 gated fwd: {t_naive:.1f} ms (ours {t_ours_small:.3f} ms)")
 
-    # decode: batch 64, H=16, d=128, fp32 state, one token per step
+    # decode: batch 64, H=16, d=128, fp32 state, one token per step. "eager" is one Python call per step (host
+    # overhead included); "graph" replays 16 steps captured in a CUDA graph (what a serving loop does), per step.
     dec = []
     for n in (1, 2, 3):
         Bd = 64
         q, k, v, g, beta = inputs(Bd, 1, H, K, V, n, True, torch.bfloat16, dev)
         S = torch.randn(Bd, H, K, V, device=dev)
-        t = bench(lambda: fused_recurrent_gated_delta_product(q, k, v, g, beta, n, initial_state=S,
-                                                              output_final_state=True))
+        step = lambda: fused_recurrent_gated_delta_product(q, k, v, g, beta, n, initial_state=S,
+                                                           output_final_state=True)
+        t = bench(step)
+        t_graph = bench_graph(step)
         floor = 2 * S.numel() * 4 / bw * 1e3
-        dec.append(dict(n=n, ms=t, floor_ms=floor))
-        say(f"decode n={n}: {t * 1e3:.1f} us/step (floor {floor * 1e3:.1f} us)")
+        best = decode_sweep(q, k, v, g, beta, n, S) if args.decode_sweep else None
+        dec.append(dict(n=n, ms=t, graph_ms=t_graph, floor_ms=floor, sweep=best))
+        say(f"decode n={n}: eager {t * 1e3:.1f} us/step, graph {t_graph * 1e3:.1f} us/step (floor {floor * 1e3:.1f} us)"
+            + ("" if best is None else "; graph us by config: " +
+               ", ".join(f"{c}: {x * 1e3:.1f}" for c, x in sorted(best.items(), key=lambda kv: kv[1]))))
+
+    if args.stages:
+        for n in parse(args.bwd_ns):
+            for gated in (False, True):
+                say(f"stages n={n} gated={gated} (ms): " + ", ".join(
+                    f"{kk} {vv:.3f}" for kk, vv in stage_times(B, T, H, K, V, n, gated, dtype, dev).items()))
 
     for n in parse(args.ns):
         for gated in (False, True):

@@ -79,6 +79,41 @@ def test_chunk_fp16():
     run_case(1, 40, 2, 32, 32, 2, "rand", torch.float16)
 
 
+@pytest.mark.skipif(DEVICE == "cpu", reason="the interpreter has no bfloat16 arithmetic (numpy)")
+@pytest.mark.parametrize("n,gate", [(2, "rand"), (3, "mixed")])
+def test_chunk_bf16_real_compiler(n, gate):
+    # bf16 operands and float32 accumulation in every kernel, forward and backward (what training runs)
+    run_case(2, 150, 2, 64, 64, n, gate, torch.bfloat16)
+
+
+def test_chunk_no_states_value_dim_over_one_slice():
+    # no initial state and no final-state gradient (the kernels' other constexpr paths); V = 80 spans two
+    # 64-wide V slices, so the per-chunk gradient kernel's loop over V and its masks run
+    n, scale = 2, 0.7
+    q, k, v, beta, g, _ = make_inputs(1, 13, 1, 16, 80, n, "rand")
+
+    def run(fn, xs, dev):
+        xs = [x.detach().to(dev).requires_grad_() for x in xs]
+        o, ht = fn(xs[0], xs[1], xs[2], xs[3], xs[4], num_householder=n, scale=scale)
+        assert ht is None
+        do = torch.randn(o.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+        (o * do.to(o)).sum().backward()
+        return [o] + [x.grad for x in xs]
+
+    ref = run(naive, (q, k, v, beta, g), "cpu")
+    out = run(triton_chunk, [x.float() for x in (q, k, v, beta, g)], DEVICE)
+    for name, a, b in zip(["o", "dq", "dk", "dv", "dbeta", "dg"], ref, out):
+        check(name, a, b, TOL[torch.float32] * (4 if name == "dg" else 1))
+
+
+def test_chunk_product_form_inverse(monkeypatch):
+    # bf16 inputs invert the 16x16 diagonal blocks as (I-A)(I+A^2)(I+A^4)(I+A^8); the interpreter has no bf16, so
+    # force that path for float32 and check it against the loop (forward and every gradient)
+    from dpx.kernels.delta_product import wy_fast
+    monkeypatch.setattr(wy_fast, "FAST_INV_DTYPES", (torch.bfloat16, torch.float32))
+    run_case(1, 35, 2, 16, 16, 2, "rand", torch.float32)
+
+
 def test_chunk_many_householders():
     run_case(1, 11, 1, 16, 16, 8, "rand", torch.float32)
 

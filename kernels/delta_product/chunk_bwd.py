@@ -57,7 +57,7 @@ def chunk_dp_bwd_kernel_dv_local(
 
 
 @triton.autotune(configs=autotune_configs([triton.Config({}, num_warps=w, num_stages=s) for w in (4, 8)
-                                           for s in (1, 2)]), key=["H", "K", "V", "NH", "BK", "BV", "USE_G", "PREC"])
+                                           for s in (1,)]), key=["H", "K", "V", "NH", "BK", "BV", "USE_G", "PREC"])
 @triton.jit
 def chunk_dp_bwd_kernel_dqkwg(
     q, k, v, beta, G, t, h, dh, v_new, dv_new, do, dq, dk, dv, dbeta, dg, chunk_bos, chunk_len, scale,
@@ -81,13 +81,13 @@ def chunk_dp_bwd_kernel_dqkwg(
     b_b = tl.load(beta + (bos * NH + o_l) * H + i_h, mask=m_l, other=0).to(tl.float32)
     b_G = tl.load(G + i_ch * BL + o_l)
     b_Gq = tl.load(G + i_ch * BL + o_t * NH + NH - 1, mask=m_t, other=0)
-    b_T = tl.load(t + i_ch * BL * BL + o_l[:, None] * BL + o_l[None, :], mask=o_l[:, None] >= o_l[None, :], other=0)
-    b_Tt = tl.trans(b_T)
+    # T^T, loaded transposed (the backward only ever multiplies by T^T); its upper triangle was never written
+    b_Tt = tl.load(t + i_ch * BL * BL + o_l[None, :] * BL + o_l[:, None], mask=o_l[None, :] >= o_l[:, None], other=0)
 
-    # sums over V, one BV slice at a time
+    # sums over V, one BV slice at a time (five [*, BK]/[*, BL] float32 accumulators: what limits occupancy)
     b_dqS = tl.zeros([BT, BK], dtype=tl.float32)   # dO S^T
     b_dP = tl.zeros([BT, BL], dtype=tl.float32)    # dO v_new^T
-    b_dKd = tl.zeros([BL, BK], dtype=tl.float32)   # v_new dS_next^T
+    b_dk = tl.zeros([BL, BK], dtype=tl.float32)    # first dKd = v_new dS_next^T, then dk
     b_dW = tl.zeros([BL, BK], dtype=tl.float32)    # -dv_new S^T
     b_dT = tl.zeros([BL, BL], dtype=tl.float32)    # dU Y^T (+ dW X^T below)
     b_db = tl.zeros([BL], dtype=tl.float32)
@@ -107,7 +107,7 @@ def chunk_dp_bwd_kernel_dqkwg(
                       other=0)
         b_dqS += tl.dot(b_do, tl.trans(b_h), input_precision=PREC)
         b_dP += tl.dot(b_do, tl.trans(b_vn), input_precision=PREC)
-        b_dKd += tl.dot(b_vn, tl.trans(b_dh), input_precision=PREC)
+        b_dk += tl.dot(b_vn, tl.trans(b_dh), input_precision=PREC)
         b_dW -= tl.dot(b_dvn, tl.trans(b_h), input_precision=PREC)
         b_dgam += tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), 1)
         # U = T Y, Y = diag(beta) V:  dY = T^T dU, dv = beta dY, dbeta += dY . v, dT += dU Y^T
@@ -117,22 +117,24 @@ def chunk_dp_bwd_kernel_dqkwg(
         b_db += tl.sum(b_dY * b_v.to(tl.float32), 1)
         b_dT += tl.dot(b_dvn, tl.trans((b_v * b_b[:, None]).to(dt)), input_precision=PREC)
 
+    # state update: Kd = e^{G_L-G} K, gamma = e^{G_L}; b_dk holds dKd so far
+    b_GL = tl.sum(tl.where(o_l == BL - 1, b_G, 0), 0)
+    b_ed = tl.exp(b_GL - b_G)
+    b_kdk = tl.sum(b_dk * b_k.to(tl.float32), 1) * b_ed   # dKd_s . Kd_s, for the gate gradient
+    b_dk = b_dk * b_ed[:, None]
     # output: o = scale (e^Gq Q S + P v_new); b_D = dP * mask * decay, so dq += D K, dk += D^T Q
     m_s = ((o_t * NH + NH - 1)[:, None] >= o_l[None, :]) & m_t[:, None]
     b_D = tl.where(m_s, b_dP * tl.exp(tl.where(m_s, b_Gq[:, None] - b_G[None, :], 0)), 0) * scale
     b_eGq = tl.exp(b_Gq)
-    b_dq = b_dqS * (scale * b_eGq)[:, None] + tl.dot(b_D.to(dt), b_k, input_precision=PREC)
+    b_Dc = b_D.to(dt)
+    b_dq = b_dqS * (scale * b_eGq)[:, None] + tl.dot(b_Dc, b_k, input_precision=PREC)
     tl.store(dq + p_q, b_dq.to(dq.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
-    b_dk = tl.dot(tl.trans(b_D).to(dt), b_q, input_precision=PREC)
-    # state update: Kd = e^{G_L-G} K, gamma = e^{G_L}
-    b_GL = tl.sum(tl.where(o_l == BL - 1, b_G, 0), 0)
-    b_ed = tl.exp(b_GL - b_G)
-    b_dk += b_dKd * b_ed[:, None]
-    # W = T X, X = diag(beta e^G) K:  dX = T^T dW, dT += dW X^T
+    b_dk += tl.dot(tl.trans(b_Dc), b_q, input_precision=PREC)
+    # W = T X, X = diag(beta e^G) K:  dT += dW X^T, dX = T^T dW
     b_eG = tl.exp(b_G)
     b_dWc = b_dW.to(dt)
-    b_dX = tl.dot(b_Tt, b_dWc, input_precision=PREC)
     b_dT += tl.dot(b_dWc, tl.trans((b_k * (b_b * b_eG)[:, None]).to(dt)), input_precision=PREC)
+    b_dX = tl.dot(b_Tt, b_dWc, input_precision=PREC)
     b_xk = tl.sum(b_dX * b_k.to(tl.float32), 1)
     b_dk += b_dX * (b_b * b_eG)[:, None]
     # T = (I+A)^-1: dA = -T^T dT T^T on the strict lower triangle
@@ -142,8 +144,9 @@ def chunk_dp_bwd_kernel_dqkwg(
     b_dA = tl.where(m_a, -b_dA, 0)
     b_KK = tl.dot(b_k, tl.trans(b_k), input_precision=PREC) * b_E   # A = diag(beta) KK
     b_db += b_xk * b_eG + tl.sum(b_dA * b_KK, 1)
+    # A_ij = beta_i e^{G_i-G_j} k_i.k_j: dk_i += sum_j Bm_ij k_j and dk_j += sum_i Bm_ij k_i, one product
     b_Bm = b_dA * b_E * b_b[:, None]
-    b_dk += tl.dot(b_Bm.to(dt), b_k, input_precision=PREC) + tl.dot(tl.trans(b_Bm).to(dt), b_k, input_precision=PREC)
+    b_dk += tl.dot((b_Bm + tl.trans(b_Bm)).to(dt), b_k, input_precision=PREC)
     tl.store(dk + p_k, b_dk.to(dk.dtype.element_ty), mask=m_l[:, None] & m_k[None, :])
     tl.store(dbeta + (bos * NH + o_l) * H + i_h, b_db.to(dbeta.dtype.element_ty), mask=m_l)
 
@@ -153,7 +156,6 @@ def chunk_dp_bwd_kernel_dqkwg(
         b_dG = tl.sum(b_M, 1) - tl.sum(b_M, 0) + b_b * b_eG * b_xk
         b_R = b_D * tl.dot(b_q, tl.trans(b_k), input_precision=PREC)
         b_dG -= tl.sum(b_R, 0)
-        b_kdk = tl.sum(b_dKd * b_k.to(tl.float32), 1) * b_ed
         b_dG -= b_kdk
         b_dG += tl.where(o_l == BL - 1, tl.sum(b_kdk, 0) + tl.sum(b_dgam, 0) * tl.exp(b_GL), 0)
         b_dGq = scale * b_eGq * tl.sum(b_q.to(tl.float32) * b_dqS, 1) + tl.sum(b_R, 1)

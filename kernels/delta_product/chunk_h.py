@@ -99,18 +99,19 @@ def chunk_dp_bwd_kernel_dh(
         p_lk = i_ch * BL * K + o_l[:, None] * K + o_k[None, :]
         p_lv = i_ch * BL * V + o_l[:, None] * V + o_v[None, :]
         b_kd = tl.load(kd + p_lk, mask=m_k[None, :], other=0)
-        b_w = tl.load(w + p_lk, mask=m_k[None, :], other=0)
-        b_q = tl.load(q + ((bos + o_t[:, None]) * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :],
-                      other=0)
+        # W^T and Q^T are loaded transposed (K-major), so every product below takes operands as stored
+        b_wT = tl.load(w + i_ch * BL * K + o_l[None, :] * K + o_k[:, None], mask=m_k[:, None], other=0)
+        b_qT = tl.load(q + ((bos + o_t[None, :]) * H + i_h) * K + o_k[:, None], mask=m_k[:, None] & m_t[None, :],
+                       other=0)
         b_do = tl.load(do + ((bos + o_t[:, None]) * H + i_h) * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :],
                        other=0)
         b_Gq = tl.load(G + i_ch * BL + o_t * NH + NH - 1, mask=m_t, other=0)
         b_dv = tl.load(dv_loc + p_lv, mask=m_v[None, :], other=0).to(tl.float32)
         b_dv += tl.dot(b_kd, b_dh.to(dt), input_precision=PREC)
         tl.store(dv_new + p_lv, b_dv.to(dv_new.dtype.element_ty), mask=m_v[None, :])
-        b_qg = (b_q * (scale * tl.exp(b_Gq))[:, None]).to(dt)
-        b_dh = b_dh * tl.load(gamma + i_ch) + tl.dot(tl.trans(b_qg), b_do.to(dt), input_precision=PREC) \
-            - tl.dot(tl.trans(b_w), b_dv.to(dt), input_precision=PREC)
+        b_qg = (b_qT * (scale * tl.exp(b_Gq))[None, :]).to(dt)
+        b_dh = b_dh * tl.load(gamma + i_ch) + tl.dot(b_qg, b_do.to(dt), input_precision=PREC) \
+            - tl.dot(b_wT, b_dv.to(dt), input_precision=PREC)
     if STORE_INITIAL_STATE_GRAD:
         tl.store(dh0 + i_nh.to(tl.int64) * K * V + o_kv, b_dh.to(dh0.dtype.element_ty), mask=m_kv)
 

@@ -3,7 +3,7 @@
 For the BL = 64 interleaved steps of a chunk, held as four 16-row blocks:
   gate cumsum  G (g_t on each token's first step, 0 on the others)
   A_ij  = beta_i (k_i . k_j) exp(G_i - G_j), i > j            (strictly lower)
-  T     = (I + A)^-1: 16x16 diagonal blocks by forward substitution, then the block formula
+  T     = (I + A)^-1: 16x16 diagonal blocks by substitution (bf16: a product form, see _inv16), then the block formula
           T_ij = -T_ii sum_{j <= m < i} A_im T_mj
   W = T (beta exp(G) k),  U = T (beta v),  Kd = exp(G_last - G) k,  gamma = exp(G_last)
 Padding rows (past the chunk's end) have k = v = beta = 0 and a zero gate, so they are identity steps.
@@ -46,20 +46,33 @@ def _A_block(b_ki, b_kj, b_bi, b_Gi, b_Gj, DIAG: tl.constexpr):
 
 
 @triton.jit
-def _inv16(b_A):
-    # (I + A)^-1 for strictly lower 16x16 A, row by row: Y_i = -A_i - sum_{m<i} A_im Y_m, result I + Y
-    o = tl.arange(0, 16)
-    b_Y = -b_A
-    for i in range(2, 16):
-        b_a = -tl.sum(tl.where(o[:, None] == i, b_A, 0), 0)
-        b_a = b_a + tl.sum(b_a[:, None] * b_Y, 0)
-        b_Y = tl.where(o[:, None] == i, b_a[None, :], b_Y)
-    return b_Y + (o[:, None] == o[None, :]).to(tl.float32)
+def _mm(a, b):
+    return tl.dot(a, b, input_precision="ieee")
 
 
 @triton.jit
-def _mm(a, b):
-    return tl.dot(a, b, input_precision="ieee")
+def _inv16(b_A, FAST: tl.constexpr):
+    # (I + A)^-1 for strictly lower 16x16 A.
+    o = tl.arange(0, 16)
+    b_I = (o[:, None] == o[None, :]).to(tl.float32)
+    if FAST:
+        # A^16 = 0, so (I+A)^-1 = sum_k (-A)^k = (I - A)(I + A^2)(I + A^4)(I + A^8): six small products instead of
+        # 14 dependent steps of two cross-thread reductions each. The alternating series cancels when keys are
+        # correlated (float32 error up to ~6e-4 relative, measured on keys of cosine ~0.99), which is below the
+        # bf16 rounding T gets anyway; float32/fp16 inputs keep the substitution (~3e-7).
+        b_A2 = _mm(b_A, b_A)
+        b_A4 = _mm(b_A2, b_A2)
+        b_T = _mm(b_I - b_A, b_I + b_A2)
+        b_T = _mm(b_T, b_I + b_A4)
+        return _mm(b_T, b_I + _mm(b_A4, b_A4))
+    else:
+        # row by row: Y_i = -A_i - sum_{m<i} A_im Y_m, result I + Y
+        b_Y = -b_A
+        for i in range(2, 16):
+            b_a = -tl.sum(tl.where(o[:, None] == i, b_A, 0), 0)
+            b_a = b_a + tl.sum(b_a[:, None] * b_Y, 0)
+            b_Y = tl.where(o[:, None] == i, b_a[None, :], b_Y)
+        return b_Y + b_I
 
 
 @triton.jit
@@ -75,12 +88,13 @@ def _store_block(p, x, row0, col0, BL: tl.constexpr):
 
 @triton.heuristics({"STORE_T": lambda a: a["t"] is not None})
 @triton.autotune(configs=autotune_configs([triton.Config({}, num_warps=w, num_stages=s) for w in (4, 8)
-                                           for s in (1,)]), key=["H", "K", "V", "NH", "BK", "BV", "USE_G", "PREC"])
+                                           for s in (1,)]),
+                 key=["H", "K", "V", "NH", "BK", "BV", "USE_G", "PREC", "FAST_INV"])
 @triton.jit
 def chunk_dp_fwd_kernel_prepare(
     k, v, beta, g, w, u, kd, gamma, G, t, chunk_bos, chunk_len,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, BL: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, USE_G: tl.constexpr, PREC: tl.constexpr, STORE_T: tl.constexpr,
+    BV: tl.constexpr, USE_G: tl.constexpr, PREC: tl.constexpr, FAST_INV: tl.constexpr, STORE_T: tl.constexpr,
 ):
     i_c, i_h = tl.program_id(0), tl.program_id(1)
     i_ch = i_c.to(tl.int64) * H + i_h
@@ -97,10 +111,10 @@ def chunk_dp_fwd_kernel_prepare(
     b_G4 = tl.cumsum(b_g4, 0) + tl.sum(b_g1, 0) + tl.sum(b_g2, 0) + tl.sum(b_g3, 0)
     b_Gl = tl.sum(b_g1, 0) + tl.sum(b_g2, 0) + tl.sum(b_g3, 0) + tl.sum(b_g4, 0)
 
-    b_T11 = _inv16(_A_block(b_k1, b_k1, b_b1, b_G1, b_G1, True))
-    b_T22 = _inv16(_A_block(b_k2, b_k2, b_b2, b_G2, b_G2, True))
-    b_T33 = _inv16(_A_block(b_k3, b_k3, b_b3, b_G3, b_G3, True))
-    b_T44 = _inv16(_A_block(b_k4, b_k4, b_b4, b_G4, b_G4, True))
+    b_T11 = _inv16(_A_block(b_k1, b_k1, b_b1, b_G1, b_G1, True), FAST_INV)
+    b_T22 = _inv16(_A_block(b_k2, b_k2, b_b2, b_G2, b_G2, True), FAST_INV)
+    b_T33 = _inv16(_A_block(b_k3, b_k3, b_b3, b_G3, b_G3, True), FAST_INV)
+    b_T44 = _inv16(_A_block(b_k4, b_k4, b_b4, b_G4, b_G4, True), FAST_INV)
     b_A21 = _A_block(b_k2, b_k1, b_b2, b_G2, b_G1, False)
     b_A31 = _A_block(b_k3, b_k1, b_b3, b_G3, b_G1, False)
     b_A32 = _A_block(b_k3, b_k2, b_b3, b_G3, b_G2, False)
@@ -182,6 +196,9 @@ def chunk_dp_fwd_kernel_prepare(
                     + tl.dot(b_T44.to(dt), b_y4, input_precision=PREC), 48, V, o_v, m_v)
 
 
+FAST_INV_DTYPES = (torch.bfloat16,)  # dtypes whose 16x16 inverses use the product form (see _inv16)
+
+
 def chunk_dp_fwd_prepare(k, v, beta, g, tab: ChunkTable, prec: str, store_t: bool = False):
     """k [NTOK*n,H,K], v [NTOK*n,H,V], beta [NTOK*n,H], g [NTOK,H] float32 or None.
     Returns w, kd [NC,H,BL,K] and u [NC,H,BL,V] in k's dtype, gamma [NC,H] and G [NC,H,BL] float32, and with
@@ -196,5 +213,6 @@ def chunk_dp_fwd_prepare(k, v, beta, g, tab: ChunkTable, prec: str, store_t: boo
     t = k.new_empty(tab.NC, H, BL, BL) if store_t else None
     chunk_dp_fwd_kernel_prepare[(tab.NC, H)](
         k, v, beta, g, w, u, kd, gamma, G, t, tab.chunk_bos, tab.chunk_len, H=H, K=K, V=V, NH=tab.n, BL=BL,
-        BK=next_pow2(K), BV=min(64, next_pow2(V)), USE_G=g is not None, PREC=prec)
+        BK=next_pow2(K), BV=min(64, next_pow2(V)), USE_G=g is not None, PREC=prec,
+        FAST_INV=k.dtype in FAST_INV_DTYPES)
     return (w, u, kd, gamma, G, t) if store_t else (w, u, kd, gamma, G)
