@@ -99,8 +99,13 @@ def stage_times(B, T, H, K, V, n, gated, dtype, dev):
     h, vn, _ = chunk_dp_fwd_h(w, u, kd, gamma, None, tab, False, dtype, p)
     dvl = chunk_dp_bwd_dv_local(q, k, G, do, tab, sc, p)
     dh, dvn, _ = chunk_dp_bwd_dh(q, do, w, kd, gamma, G, dvl, None, tab, sc, False, p)
+    from dpx.kernels.delta_product import wy_fast
+    fast, wy_fast.FAST_INV_DTYPES = wy_fast.FAST_INV_DTYPES, ()
+    t_subst = bench(lambda: chunk_dp_fwd_prepare(k, v, beta, g, tab, p))  # 16x16 inverses by substitution
+    wy_fast.FAST_INV_DTYPES = fast
     return {
         "prepare": bench(lambda: chunk_dp_fwd_prepare(k, v, beta, g, tab, p)),
+        "prepare(subst)": t_subst,
         "prepare+T": bench(lambda: chunk_dp_fwd_prepare(k, v, beta, g, tab, p, store_t=True)),
         "fwd_h": bench(lambda: chunk_dp_fwd_h(w, u, kd, gamma, None, tab, False, dtype, p)),
         "fwd_o": bench(lambda: chunk_dp_fwd_o(q, k, G, h, vn, tab, sc, p)),

@@ -57,7 +57,8 @@ def chunk_dp_bwd_kernel_dv_local(
 
 
 @triton.autotune(configs=autotune_configs([triton.Config({}, num_warps=w, num_stages=s) for w in (4, 8)
-                                           for s in (1,)]), key=["H", "K", "V", "NH", "BK", "BV", "USE_G", "PREC"])
+                                           for s in (1,)], warps=8),  # 4 warps spill the accumulators
+                 key=["H", "K", "V", "NH", "BK", "BV", "USE_G", "PREC"])
 @triton.jit
 def chunk_dp_bwd_kernel_dqkwg(
     q, k, v, beta, G, t, h, dh, v_new, dv_new, do, dq, dk, dv, dbeta, dg, chunk_bos, chunk_len, scale,

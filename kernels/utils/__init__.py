@@ -11,10 +11,11 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 NO_AUTOTUNE = INTERPRET or os.environ.get("DPX_NO_AUTOTUNE", "0") == "1"  # tests on a GPU: compile one config
 
 
-def autotune_configs(configs: list, default: dict | None = None) -> list:
-    """All configs on a real GPU; a single one under TRITON_INTERPRET or DPX_NO_AUTOTUNE=1."""
+def autotune_configs(configs: list, default: dict | None = None, warps: int = 4) -> list:
+    """All configs on a real GPU; a single one (default, `warps` warps, one stage) under TRITON_INTERPRET or
+    DPX_NO_AUTOTUNE=1."""
     if NO_AUTOTUNE:
-        return [triton.Config(default or {}, num_warps=4, num_stages=1)]
+        return [triton.Config(default or {}, num_warps=warps, num_stages=1)]
     return configs
 
 
