@@ -166,6 +166,7 @@ def main():
     ap.add_argument("--fla-bwd", action="store_true", help="also time fla's forward+backward")
     ap.add_argument("--stages", action="store_true", help="time each forward/backward kernel alone (--bwd-ns)")
     ap.add_argument("--decode-sweep", action="store_true", help="time the decode kernel at every (BV, warps)")
+    ap.add_argument("--no-decode", action="store_true", help="skip the decode timings")
     args = ap.parse_args()
     dev = "cuda"
     B, T, H, K, V = (4, 4096, 16, 128, 128)
@@ -214,7 +215,7 @@ def main():
     # decode: batch 64, H=16, d=128, fp32 state, one token per step. "eager" is one Python call per step (host
     # overhead included); "graph" replays 16 steps captured in a CUDA graph (what a serving loop does), per step.
     dec = []
-    for n in (1, 2, 3):
+    for n in () if args.no_decode else (1, 2, 3):
         Bd = 64
         q, k, v, g, beta = inputs(Bd, 1, H, K, V, n, True, torch.bfloat16, dev)
         S = torch.randn(Bd, H, K, V, device=dev)
