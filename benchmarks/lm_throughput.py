@@ -26,6 +26,9 @@ Shapes (tokens per step 32,768):
 Everything stops starting new work after `--budget-s` seconds (a SIGALRM also interrupts a measurement that
 runs past it, e.g. a long autotune); what finished is in the table and in DIR/lm_throughput.json, written after
 every measurement. fla is optional: when it does not import, its rows say why and dpx is measured alone.
+fla 0.6.0 refuses its gated backward on Hopper with Triton < 3.7.1 (its issue #640; the H200 image has Triton
+3.6): there, gated variants are measured for dpx alone and the fla comparison needs the non-gated ones
+(`--plan fig4:2,fig4:3,table3:2,fig4:1`).
 """
 from __future__ import annotations
 
@@ -182,6 +185,23 @@ def fla_available() -> str:
         return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
 
 
+def fla_refuses(cfg: dict, device: torch.device) -> str:
+    """fla 0.6.0 raises in the gated backward (chunk_bwd_dqkwg) on Hopper with Triton >= 3.4.0, < 3.7.1 (its
+    issue #640: wrong results); seen on the H200 image (Triton 3.6) after minutes of forward autotuning. Say so
+    before building, so no device time goes there. '' when fla will run."""
+    if device.type != "cuda" or not cfg["family"].startswith("gated"):
+        return ""
+    try:
+        from fla.utils import IS_NVIDIA_HOPPER, TRITON_ABOVE_3_4_0, TRITON_ABOVE_3_7_1
+    except ImportError:
+        return ""
+    if IS_NVIDIA_HOPPER and TRITON_ABOVE_3_4_0 and not TRITON_ABOVE_3_7_1:
+        import triton
+        return (f"skipped: fla refuses the gated backward on Hopper with Triton {triton.__version__} (< 3.7.1, "
+                "fla issue #640); use a non-gated variant or Triton >= 3.7.1")
+    return ""
+
+
 def environment(device: torch.device, commit: str) -> dict:
     env = {"date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "host": platform.node(),
            "python": platform.python_version(), "torch": torch.__version__, "device": str(device),
@@ -232,7 +252,12 @@ def run(args) -> dict:
             if impl == "fla" and fla_err:
                 row["status"] = "skipped: fla does not import"
                 continue
-            model = None
+            if impl == "fla" and fla_refuses(cfg, device):
+                row["status"] = fla_refuses(cfg, device)
+                print(f"[lm_throughput] {shape} {variant} fla: {row['status']}", flush=True)
+                save()
+                continue
+            model, t0 = None, time.time()
             try:
                 with deadline(t_end):
                     model = build(cfg, impl, device, seed=args.seed)
@@ -259,6 +284,7 @@ def run(args) -> dict:
                 row["status"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
                 print(f"  {row['status']}", flush=True)
             finally:
+                row["wall_s"] = round(time.time() - t0, 1)  # build + warm-up (compilation, autotuning) + timing
                 del model
                 gc.collect()
                 if device.type == "cuda":
