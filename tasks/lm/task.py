@@ -7,7 +7,6 @@ Order of work, so that bad input fails before any compute: config -> tokenizer/v
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from pathlib import Path
 
@@ -18,28 +17,28 @@ import torch.nn.functional as F
 from dpx.tasks.context import RunContext
 from dpx.tasks.training.config import TrainConfig
 from dpx.tasks.training.loop import autocast, fit
-from dpx.tasks.training.model import build_model
+from dpx.tasks.training.setup import TrialSetup, next_token_loss, setup_trial
 
 from . import budget
-from .config import LMConfig, check_vocab
+from .config import LMConfig
 from .packing import PackedStream, Prefetcher, take_sequences
 from .sources import open_source
 from .tokenizer import load_tokenizer
 
 
 def run(config: dict, ctx: RunContext) -> dict:
-    task = config["task"]
-    cfg = LMConfig(**task) if not isinstance(task, LMConfig) else task
-    seed = int(config.get("seed", 0))
-    check_vocab(dataclasses.asdict(cfg), config.get("model") or {})
+    # typed sections + LMConfig.check_model (tokenizer vs vocab) before any data work; the model is built
+    # once the text source has opened (an unreachable dataset fails first, in one line)
+    s = setup_trial(config, ctx, LMConfig, train=lambda c: resolve_train(c, config.get("train") or {}),
+                    build=False)
+    cfg, seed, device = s.task, s.seed, s.device
     tok = load_tokenizer(cfg.tokenizer)
-    device = ctx.device
 
     if cfg.checkpoint:
         model = load_model(cfg.checkpoint, device)
         summary: dict = {"num_params": model.num_params()}
     else:
-        model, summary = train(config, cfg, tok, ctx, seed)
+        model, summary = train(s, tok, ctx)
     model.to(device).eval()
     return {**summary, **run_evals(model, tok, cfg, ctx, seed)}
 
@@ -58,8 +57,8 @@ def resolve_train(cfg: LMConfig, train: dict) -> TrainConfig:
     return TrainConfig(**t)
 
 
-def train(config: dict, cfg: LMConfig, tok, ctx: RunContext, seed: int):
-    tc = resolve_train(cfg, config.get("train") or {})
+def train(s: TrialSetup, tok, ctx: RunContext):
+    cfg, tc, seed = s.task, s.train, s.seed
     micro = tc.batch_size // tc.grad_accum
     src_kw = dict(data_files=cfg.data_files, text_format=cfg.text_format, seed=seed, val_fraction=cfg.val_fraction,
                   val_seed=cfg.val_seed, val_docs=cfg.val_docs, max_docs=cfg.max_docs)
@@ -73,8 +72,8 @@ def train(config: dict, cfg: LMConfig, tok, ctx: RunContext, seed: int):
         raise ValueError(f"task.val_fraction: the validation split of {cfg.dataset} holds fewer than "
                          f"{cfg.context_len + 1} tokens; raise val_fraction (or val_docs for a hub stream)")
 
-    model = build_model(config["model"], seed)
-    mcfg = model.config.to_dict() if hasattr(model.config, "to_dict") else dict(config["model"])
+    model = s.build_model()
+    mcfg = model.config.to_dict() if hasattr(model.config, "to_dict") else dict(s.config["model"])
     n_params = sum(p.numel() for p in model.parameters())
     device = ctx.device
     budget_gib = cfg.memory_gb or (torch.cuda.get_device_properties(device).total_memory / budget.GIB
@@ -93,12 +92,8 @@ def train(config: dict, cfg: LMConfig, tok, ctx: RunContext, seed: int):
     feed = Prefetcher(stream, micro)  # tokenises ahead in a thread; its state is that of the batches handed out
 
     def batch_fn(step: int, micro_idx: int):
-        return torch.from_numpy(feed.next_batch().astype(np.int64))
-
-    def loss_fn(m, batch):
-        logits = m(batch[:, :-1])
-        loss = F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
-        return loss, batch[:, 1:].numel()
+        b = torch.from_numpy(feed.next_batch().astype(np.int64))
+        return b[:, :-1], b[:, 1:]
 
     val_t = torch.from_numpy(val.astype(np.int64))
 
@@ -107,7 +102,7 @@ def train(config: dict, cfg: LMConfig, tok, ctx: RunContext, seed: int):
         return {"val/loss": loss, "val/ppl": math.exp(min(loss, 50.0))}
 
     try:
-        res = fit(model, tc, _MFUContext(ctx, fpt, peak), batch_fn=batch_fn, loss_fn=loss_fn, eval_fn=eval_fn,
+        res = fit(model, tc, _MFUContext(ctx, fpt, peak), batch_fn=batch_fn, loss_fn=next_token_loss(), eval_fn=eval_fn,
                   data_state=feed)
     finally:
         feed.close()
