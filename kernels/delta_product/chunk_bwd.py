@@ -7,7 +7,8 @@ Notation per chunk (BL = 64 interleaved steps, BT tokens, i_t = t*n + n-1 the st
 Kernels:
   dv_local  dv_loc = scale P^T dO (the v_new gradient from the chunk's own queries), before the serial walk
   dqkwg     per chunk, after the serial walk (which gives dh = dS_next and dv_new): dq, dk, dv, dbeta, dg,
-            with W/U/Kd/gamma/P/T gradients kept in registers (nothing [64, 64] goes to memory but T itself)
+            with W/U/Kd/gamma/P/T gradients kept in registers (T's own [64, 64] slot is reused to transpose two
+            of them: see the Hopper note in the kernel)
 Every e^{...} is of a difference G_i - G_j <= 0 (or of G <= 0), so zero and very negative gates are safe.
 """
 from __future__ import annotations
@@ -56,9 +57,16 @@ def chunk_dp_bwd_kernel_dv_local(
                  mask=m_v[None, :])
 
 
+def _prune_dqkwg(configs, named_args, **kwargs):
+    # 8 warps halve the registers per thread (the accumulators spill at 4 warps with BK = 128), but at BK = 32 the
+    # H200 run raised an illegal memory access with 8 warps (Triton 3.6); keep them to BK >= 128, where they ran
+    return [c for c in configs if c.num_warps == 4 or named_args.get("BK", kwargs.get("BK", 0)) >= 128] or configs[:1]
+
+
 @triton.autotune(configs=autotune_configs([triton.Config({}, num_warps=w, num_stages=s) for w in (4, 8)
-                                           for s in (1,)], warps=8),  # 4 warps spill the accumulators
-                 key=["H", "K", "V", "NH", "BK", "BV", "USE_G", "PREC"])
+                                           for s in (1,)]),
+                 key=["H", "K", "V", "NH", "BK", "BV", "USE_G", "PREC"],
+                 prune_configs_by={"early_config_prune": _prune_dqkwg})
 @triton.jit
 def chunk_dp_bwd_kernel_dqkwg(
     q, k, v, beta, G, t, h, dh, v_new, dv_new, do, dq, dk, dv, dbeta, dg, chunk_bos, chunk_len, scale,
@@ -130,7 +138,14 @@ def chunk_dp_bwd_kernel_dqkwg(
     b_Dc = b_D.to(dt)
     b_dq = b_dqS * (scale * b_eGq)[:, None] + tl.dot(b_Dc, b_k, input_precision=PREC)
     tl.store(dq + p_q, b_dq.to(dq.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
-    b_dk += tl.dot(tl.trans(b_Dc), b_q, input_precision=PREC)
+    # D^T Q. Triton >= 3.4 on Hopper miscompiles tl.trans of a dot result fed to another dot (wrong values, seen
+    # here as a wrong dk on the H200; fla PR #826), so D goes through memory and comes back transposed. The slot is
+    # this chunk's T, which is in registers (b_Tt) by now; the barriers order the program's own reads and writes.
+    p_s = t + i_ch * BL * BL
+    tl.debug_barrier()
+    tl.store(p_s + o_t[:, None] * BL + o_l[None, :], b_Dc)
+    tl.debug_barrier()
+    b_dk += tl.dot(tl.load(p_s + o_l[:, None] + o_t[None, :] * BL), b_q, input_precision=PREC)
     # W = T X, X = diag(beta e^G) K:  dT += dW X^T, dX = T^T dW
     b_eG = tl.exp(b_G)
     b_dWc = b_dW.to(dt)
@@ -145,9 +160,14 @@ def chunk_dp_bwd_kernel_dqkwg(
     b_dA = tl.where(m_a, -b_dA, 0)
     b_KK = tl.dot(b_k, tl.trans(b_k), input_precision=PREC) * b_E   # A = diag(beta) KK
     b_db += b_xk * b_eG + tl.sum(b_dA * b_KK, 1)
-    # A_ij = beta_i e^{G_i-G_j} k_i.k_j: dk_i += sum_j Bm_ij k_j and dk_j += sum_i Bm_ij k_i, one product
-    b_Bm = b_dA * b_E * b_b[:, None]
-    b_dk += tl.dot((b_Bm + tl.trans(b_Bm)).to(dt), b_k, input_precision=PREC)
+    # A_ij = beta_i e^{G_i-G_j} k_i.k_j: dk_i += sum_j Bm_ij k_j and dk_j += sum_i Bm_ij k_i, one product with
+    # Bm + Bm^T (strictly lower + strictly upper: the sum rounds nothing); Bm^T through memory as D^T above
+    b_Bm = (b_dA * b_E * b_b[:, None]).to(dt)
+    tl.debug_barrier()
+    tl.store(p_s + o_l[:, None] * BL + o_l[None, :], b_Bm)
+    tl.debug_barrier()
+    b_Bm += tl.load(p_s + o_l[:, None] + o_l[None, :] * BL)
+    b_dk += tl.dot(b_Bm, b_k, input_precision=PREC)
     tl.store(dk + p_k, b_dk.to(dk.dtype.element_ty), mask=m_l[:, None] & m_k[None, :])
     tl.store(dbeta + (bos * NH + o_l) * H + i_h, b_db.to(dbeta.dtype.element_ty), mask=m_l)
 
