@@ -4,7 +4,6 @@ o_t = scale * (exp(G_t) q_t h_c + sum_{s <= t*n+n-1} exp(G_t - G_s) (q_t . k_s) 
 """
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
