@@ -66,7 +66,10 @@ def _prune_dqkwg(configs, named_args, **kwargs):
 @triton.autotune(configs=autotune_configs([triton.Config({}, num_warps=w, num_stages=s) for w in (4, 8)
                                            for s in (1,)]),
                  key=["H", "K", "V", "NH", "BK", "BV", "USE_G", "PREC"],
-                 prune_configs_by={"early_config_prune": _prune_dqkwg})
+                 prune_configs_by={"early_config_prune": _prune_dqkwg},
+                 # the kernel reuses its chunk's T slot as scratch (D^T, Bm^T below): without restoring it, the
+                 # autotuner's benchmark runs would leave the first call per shape reading a clobbered T
+                 restore_value=["t"])
 @triton.jit
 def chunk_dp_bwd_kernel_dqkwg(
     q, k, v, beta, G, t, h, dh, v_new, dv_new, do, dq, dk, dv, dbeta, dg, chunk_bos, chunk_len, scale,
