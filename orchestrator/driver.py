@@ -227,7 +227,9 @@ class Driver:
         self.queue_at = time.time()
 
     def _pending_left(self) -> bool:
-        if not self.queue:
+        # a stale queue can hold trials that were cancelled, settled by another driver or claimed elsewhere since:
+        # trusting it would keep this process polling forever (seen after `dpx cancel`)
+        if not self.queue or time.time() - self.queue_at > HEARTBEAT_S:
             self._refresh_queue()
         return bool(self.queue)
 
@@ -289,6 +291,7 @@ class Driver:
                 self.backend.cancel(self.recipe, tid, "timeout")
 
     def _cancel_all(self) -> None:
+        self.queue = []  # nothing more starts; the pending trials are cancelled below
         for tid, info in self.mine.items():
             if info["reason"] is None:
                 info["reason"] = "cancelled"

@@ -3,8 +3,10 @@ submit → driver → runner → run dirs → MLflow parent/child runs → DuckD
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +20,21 @@ grid:
   task.fail_on_attempts: [0, 1]
 hardware: {max_parallel: 2}
 """
+
+
+def _pid_alive(pid) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie has ended
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def _trials(ws):
@@ -119,6 +136,14 @@ def test_submit_returns_at_once_and_cancel(tmp_path, dpx):
     while time.time() < deadline and any(v["status"] in ("running", "pending") for v in _trials(ws).values()):
         time.sleep(0.5)
     assert sorted(v["status"] for v in _trials(ws).values()) == ["cancelled"] * 3
+    # and the driver ends (it once kept polling forever on its stale queue of cancelled trials)
+    con = sqlite3.connect(ws / "state.db")
+    pid = con.execute("SELECT driver_pid FROM submissions").fetchone()[0]
+    con.close()
+    deadline = time.time() + 30
+    while time.time() < deadline and _pid_alive(pid):
+        time.sleep(0.5)
+    assert not _pid_alive(pid), "the driver of a cancelled submission is still running"
 
 
 def test_failure_modes(tmp_path, dpx):
