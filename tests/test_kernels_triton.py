@@ -19,7 +19,9 @@ from dpx.kernels.delta_product.naive import naive_recurrent_gated_delta_product 
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # masked exp overflow in numpy
 DEVICE = "cuda" if os.environ.get("DPX_TEST_CUDA") else "cpu"
-TOL = {torch.float32: 2e-5, torch.float16: 5e-3, torch.bfloat16: 2e-2}  # relative RMS error
+# relative RMS error; bf16: a correct kernel has ~4.5e-3 on the GPU cases below (the rounding model of
+# test_kernels_rounding.py, whose fp16 predictions the interpreter reproduces), so 1e-2 leaves a 2x margin
+TOL = {torch.float32: 2e-5, torch.float16: 5e-3, torch.bfloat16: 1e-2}
 
 
 @pytest.fixture(autouse=True)
@@ -85,8 +87,9 @@ def test_chunk_fp16():
 
 
 @pytest.mark.skipif(DEVICE == "cpu", reason="the interpreter has no bfloat16 arithmetic (numpy)")
-@pytest.mark.parametrize("n,gate", [(2, "rand"), (3, "mixed")])
+@pytest.mark.parametrize("n,gate", [(2, "rand"), (3, "mixed"), (2, "mixed"), (3, "rand")])
 def test_chunk_bf16_real_compiler(n, gate):
+    # (3, mixed) gave dk/dv/dbeta 2.6-4.4e-2 on the H200 (2026-11-29); (2, mixed) and (3, rand) tell n_h from gates
     # bf16 operands and float32 accumulation in every kernel, forward and backward (what training runs)
     run_case(2, 150, 2, 64, 64, n, gate, torch.bfloat16)
 
