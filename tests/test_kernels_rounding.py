@@ -71,3 +71,43 @@ def test_bf16_error_budget_golden():
     for nm, g in golden.items():
         assert 0.8 * g < errs[nm] < 1.25 * g, (nm, errs[nm])
     assert max(errs.values()) < 1e-2 / 2  # the GPU bf16 tolerance leaves a 2x margin over the budget
+
+
+class _RoundGrad(torch.autograd.Function):
+    """Identity whose backward rounds the incoming gradient to fp16, as dO is for a kernel with fp16 outputs."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.to(torch.float16).double()
+
+
+def _fp16_do(out):
+    o, ht = out
+    return _RoundGrad.apply(o), ht
+
+
+def test_float32_backward_switch(monkeypatch):
+    # DPX_KERNEL_BWD_FP32=1: 16-bit inputs, float32 backward; the gradients then carry only the 16-bit rounding of
+    # the inputs and of dO (the loop on the rounded inputs is the reference), far below the 16-bit kernel path
+    n, gate = 3, "mixed"
+    inputs = make_inputs(1, 40, 2, 32, 32, n, gate)
+    rounded = [None if x is None else (x.to(torch.float16).double() if i < 3 else x) for i, x in enumerate(inputs)]
+    ref = dict(zip(NAMES, grads(lambda *a, **kw: _fp16_do(naive(*a, **kw)), rounded, num_householder=n, scale=0.7)))
+    lo = [None if x is None else x.to(torch.float16 if i < 3 else torch.float32) for i, x in enumerate(inputs)]
+    kern = lambda q, k, v, b, g, **kw: chunk_gated_delta_product(q, k, v, g, b, **kw)
+
+    def errs():
+        out = dict(zip(NAMES, grads(kern, lo, num_householder=n, scale=0.7)))
+        return {nm: float((out[nm].double().cpu() - ref[nm]).norm() / ref[nm].norm()) for nm in ("dk", "dv", "dbeta")}
+
+    e16 = errs()
+    monkeypatch.setenv("DPX_KERNEL_BWD_FP32", "1")
+    e32 = errs()
+    for nm in ("dk", "dv"):  # these come back in fp16: rounding the exact ones is the floor
+        floor = float((ref[nm].to(torch.float16).double() - ref[nm]).norm() / ref[nm].norm())
+        assert e32[nm] < 1.2 * floor < e16[nm] / 1.5, (nm, floor, e16[nm], e32[nm])
+    assert e32["dbeta"] < 1e-5 < e16["dbeta"], (e16["dbeta"], e32["dbeta"])  # beta is float32

@@ -10,8 +10,12 @@ Backward (fla's split, specialised to DeltaProduct: only T query rows, gates onc
   chunk_h.chunk_dp_bwd_kernel_dh      serial, reverse: dh (state gradient after each chunk), dv_new, dh0
   chunk_bwd.chunk_dp_bwd_dqkwg        per chunk: dq, dk, dv, dbeta, dg (W/U/Kd/P/T gradients stay in registers)
 16-bit inputs: 16-bit operands and float32 accumulation throughout (as fla); float32 inputs: tf32x3 dots.
+DPX_KERNEL_BWD_FP32=1 runs the backward of 16-bit inputs on float32 copies (the path verified on the H200 when the
+bf16 gradients at n_h=3 were not: BENCHMARKS.md, kernels), at the cost of float32 traffic and tf32x3 dots.
 """
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -68,9 +72,14 @@ class ChunkGatedDeltaProductFunction(torch.autograd.Function):
         B, T, H, K = q.shape
         V = v.shape[-1]
         flat = lambda x, *s: None if x is None else x.reshape(*s)
+        if q.dtype != torch.float32 and os.environ.get("DPX_KERNEL_BWD_FP32", "0") == "1":
+            f32 = lambda x: None if x is None else x.float()
+            q_, k_, v_, beta_, do_ = f32(q), f32(k), f32(v), f32(beta), f32(do)
+        else:
+            q_, k_, v_, beta_, do_ = q, k, v, beta, do
         dq, dk, dv, dg, dbeta, dh0 = chunk_dp_bwd(
-            flat(q, -1, H, K), flat(k, -1, H, K), flat(v, -1, H, V), flat(g, -1, H), flat(beta, -1, H), h0,
-            flat(do, -1, H, V), dht, ctx.tab, ctx.scale)
+            flat(q_, -1, H, K), flat(k_, -1, H, K), flat(v_, -1, H, V), flat(g, -1, H), flat(beta_, -1, H), h0,
+            flat(do_, -1, H, V), dht, ctx.tab, ctx.scale)
         cast = lambda dx, x: None if dx is None else dx.view(x.shape).to(x.dtype)
         return (cast(dq, q), cast(dk, k), cast(dv, v), cast(dg, g), cast(dbeta, beta), cast(dh0, h0),
                 None, None, None)
