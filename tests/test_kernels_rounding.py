@@ -111,3 +111,17 @@ def test_float32_backward_switch(monkeypatch):
         floor = float((ref[nm].to(torch.float16).double() - ref[nm]).norm() / ref[nm].norm())
         assert e32[nm] < 1.2 * floor < e16[nm] / 1.5, (nm, floor, e16[nm], e32[nm])
     assert e32["dbeta"] < 1e-5 < e16["dbeta"], (e16["dbeta"], e32["dbeta"])  # beta is float32
+
+
+def test_float32_backward_policy(monkeypatch):
+    from dpx.kernels.delta_product.chunk import _float32_backward
+    monkeypatch.delenv("DPX_KERNEL_BWD_FP32", raising=False)
+    assert _float32_backward(torch.bfloat16, 3) and _float32_backward(torch.bfloat16, 4)  # the known defect
+    assert not _float32_backward(torch.bfloat16, 2) and not _float32_backward(torch.float16, 3)
+    monkeypatch.setenv("DPX_KERNEL_BWD_FP32", "0")
+    assert not _float32_backward(torch.bfloat16, 3)
+    monkeypatch.setenv("DPX_KERNEL_BWD_FP32", "1")
+    assert _float32_backward(torch.float16, 2)
+    monkeypatch.setenv("DPX_KERNEL_BWD_FP32", "yes")
+    with pytest.raises(ValueError, match="DPX_KERNEL_BWD_FP32"):
+        _float32_backward(torch.bfloat16, 3)

@@ -10,8 +10,9 @@ Backward (fla's split, specialised to DeltaProduct: only T query rows, gates onc
   chunk_h.chunk_dp_bwd_kernel_dh      serial, reverse: dh (state gradient after each chunk), dv_new, dh0
   chunk_bwd.chunk_dp_bwd_dqkwg        per chunk: dq, dk, dv, dbeta, dg (W/U/Kd/P/T gradients stay in registers)
 16-bit inputs: 16-bit operands and float32 accumulation throughout (as fla); float32 inputs: tf32x3 dots.
-DPX_KERNEL_BWD_FP32=1 runs the backward of 16-bit inputs on float32 copies (the path verified on the H200 when the
-bf16 gradients at n_h=3 were not: BENCHMARKS.md, kernels), at the cost of float32 traffic and tf32x3 dots.
+The backward of 16-bit inputs can run on float32 copies (the path verified on the H200 when the bf16 gradients at
+n_h=3 were not: BENCHMARKS.md, kernels), at the cost of float32 traffic and tf32x3 dots: DPX_KERNEL_BWD_FP32=1
+always, =0 never, unset: for bf16 inputs with n_h >= 3 (the known defect), until a GPU run clears them.
 """
 from __future__ import annotations
 
@@ -51,6 +52,13 @@ def chunk_dp_bwd(q, k, v, g, beta, h0, do, dht, tab, scale):
     return dq, dk, dv, dg, dbeta, dh0
 
 
+def _float32_backward(dtype: torch.dtype, n: int) -> bool:
+    flag = os.environ.get("DPX_KERNEL_BWD_FP32", "")
+    if flag not in ("", "0", "1"):
+        raise ValueError(f"DPX_KERNEL_BWD_FP32: expected 0, 1 or unset, got {flag!r}")
+    return flag == "1" or (flag == "" and dtype == torch.bfloat16 and n >= 3)
+
+
 class ChunkGatedDeltaProductFunction(torch.autograd.Function):
 
     @staticmethod
@@ -72,7 +80,7 @@ class ChunkGatedDeltaProductFunction(torch.autograd.Function):
         B, T, H, K = q.shape
         V = v.shape[-1]
         flat = lambda x, *s: None if x is None else x.reshape(*s)
-        if q.dtype != torch.float32 and os.environ.get("DPX_KERNEL_BWD_FP32", "0") == "1":
+        if q.dtype != torch.float32 and _float32_backward(q.dtype, ctx.tab.n):
             f32 = lambda x: None if x is None else x.float()
             q_, k_, v_, beta_, do_ = f32(q), f32(k), f32(v), f32(beta), f32(do)
         else:
