@@ -82,8 +82,11 @@ def test_chunk_varlen_with_length_one_segment(n):
     run_case(1, 31, 2, 16, 16, n, "mixed", torch.float32, cu=torch.tensor([0, 1, 18, 18, 31]))
 
 
-def test_chunk_fp16():
-    run_case(1, 40, 2, 32, 32, 2, "rand", torch.float16)
+@pytest.mark.parametrize("n,bwd_fp32", [(2, "0"), (3, "0"), (3, "")])
+def test_chunk_fp16(n, bwd_fp32, monkeypatch):
+    # the 16-bit backward (pinned), and the default (float32 backward for 16-bit inputs at n_h != 2)
+    monkeypatch.setenv("DPX_KERNEL_BWD_FP32", bwd_fp32)
+    run_case(1, 40, 2, 32, 32, n, "rand", torch.float16)
 
 
 @pytest.mark.skipif(DEVICE == "cpu", reason="the interpreter has no bfloat16 arithmetic (numpy)")
