@@ -8,9 +8,14 @@ Not a test module: test_kernels_rounding.py uses it.
 import torch
 
 
-def model_grads(q, k, v, beta, g, h0, do, dht, n, scale, r):
+STAGES = ("w", "u", "kd", "t", "h", "v_new", "dv_loc", "dh", "dv_new")  # the kernels' intermediate tensors
+
+
+def model_grads(q, k, v, beta, g, h0, do, dht, n, scale, r, stages=None):
     """Equal-length sequences, q [B,T,H,K], k/v [B,T*n,H,*], beta [B,T*n,H], g [B,T,H] or None, h0/dht [B,H,K,V],
-    do [B,T,H,V], r the rounding (identity, or to bf16/fp16 and back). Returns dq, dk, dv, dbeta (float64)."""
+    do [B,T,H,V], r the rounding (identity, or to bf16/fp16 and back). Returns dq, dk, dv, dbeta (float64).
+    With `stages` (a dict), also fills stages[name] with the intermediates in the kernels' layout [NC, H, ...]
+    (chunk c of sequence b is row b * chunks_per_sequence + c), so each kernel can be checked on its own."""
     B, T, H, K = q.shape; V = v.shape[-1]
     BT = 1
     while BT * 2 * n <= 64: BT *= 2
@@ -54,6 +59,7 @@ def model_grads(q, k, v, beta, g, h0, do, dht, n, scale, r):
             for c in reversed(ch):
                 s = r((c["kc"] @ c["qc"].T) * c["Dec"].T * scale)
                 dvloc = r(s @ r(c["doc"]))
+                c["dvloc"] = dvloc
                 c["dh"] = r(dS)
                 dvn = dvloc + c["Kd"] @ r(dS)
                 c["dvn"] = r(dvn)
@@ -84,4 +90,15 @@ def model_grads(q, k, v, beta, g, h0, do, dht, n, scale, r):
                 t0, t1, nt, ns = c["t0"], c["t1"], c["nt"], c["ns"]
                 dq[b, t0:t1, hh] = r(dqc[:nt]); dk[b, t0*n:t1*n, hh] = r(dkc[:ns])
                 dv[b, t0*n:t1*n, hh] = dvc[:ns]; db[b, t0*n:t1*n, hh] = dbc[:ns]
+            if stages is not None:
+                for ci, c in enumerate(ch):
+                    vals = dict(w=c["W"], u=c["U"], kd=c["Kd"], t=c["Tr"], h=c["h"], v_new=c["vn"],
+                                dv_loc=c["dvloc"], dh=c["dh"], dv_new=c["dvn"])
+                    for name, x in vals.items():
+                        stages.setdefault(name, {})[(b * len(ch) + ci, hh)] = x
     return dq, dk, dv, db
+
+
+def stage_tensor(stages: dict, name: str, NC: int, H: int) -> torch.Tensor:
+    """stages[name] as one [NC, H, ...] tensor."""
+    return torch.stack([torch.stack([stages[name][(c, h)] for h in range(H)]) for c in range(NC)])
