@@ -1,6 +1,6 @@
 """Each Triton kernel of the chunk forward/backward on its own, against the rounding model's intermediates (the same
 16-bit rounding, float64 otherwise): prepare (W, U, Kd, T), the state recurrence (h, v_new), dv_local, the reverse
-recurrence (dh, dv_new). A defective kernel shows as a jump in this table where the end-to-end gradients only say
+recurrence (dh, dv_new), the per-chunk gradients (dq, dk, dv, dbeta). A defective kernel shows as a jump in this table where the end-to-end gradients only say
 "off". Interpreter: fp16 (exact there). GPU (DPX_TEST_CUDA=1): bf16, including the case the H200 failed
 (n_h=3, mixed gates: BENCHMARKS.md, kernels); every stage's error is printed (`pytest -s`).
 """
@@ -23,7 +23,7 @@ DEVICE = "cuda" if os.environ.get("DPX_TEST_CUDA") else "cpu"
 
 def kernel_stages(q, k, v, beta, g, h0, do, dht, n, scale):
     """The kernels' intermediates for flattened-able [B,T,H,*] inputs (16-bit q/k/v/do, float32 beta/g/h0/dht)."""
-    from dpx.kernels.delta_product.chunk_bwd import chunk_dp_bwd_dv_local
+    from dpx.kernels.delta_product.chunk_bwd import chunk_dp_bwd_dqkwg, chunk_dp_bwd_dv_local
     from dpx.kernels.delta_product.chunk_h import chunk_dp_bwd_dh, chunk_dp_fwd_h
     from dpx.kernels.delta_product.wy_fast import chunk_dp_fwd_prepare
     B, T, H, K = q.shape
@@ -36,7 +36,13 @@ def kernel_stages(q, k, v, beta, g, h0, do, dht, n, scale):
     h, v_new, _ = chunk_dp_fwd_h(w, u, kd, gamma, h0, tab, False, q.dtype, prec)
     dv_loc = chunk_dp_bwd_dv_local(q_, k_, G, do_, tab, scale, prec)
     dh, dv_new, _ = chunk_dp_bwd_dh(q_, do_, w, kd, gamma, G, dv_loc, dht, tab, scale, True, prec)
-    return tab.NC, dict(w=w, u=u, kd=kd, t=t, h=h, v_new=v_new, dv_loc=dv_loc, dh=dh, dv_new=dv_new)
+    out = dict(w=w, u=u, kd=kd, t=t, h=h, v_new=v_new, dv_loc=dv_loc, dh=dh, dv_new=dv_new)
+    # the per-chunk gradient kernel last (it reuses t's slot as scratch, so t is copied first)
+    out["t"] = t.clone()
+    dq, dk, dv, dbeta, _ = chunk_dp_bwd_dqkwg(q_, k_, v_, f(beta, -1, H), G, t, h, dh, v_new, dv_new, do_, tab, scale,
+                                              g is not None, prec)
+    out.update(dq=dq.view(q.shape), dk=dk.view(k.shape), dv=dv.view(v.shape), dbeta=dbeta.view(beta.shape))
+    return tab.NC, out
 
 
 def stage_errors(B, T, H, K, V, n, gate, dtype, scale=0.7):
@@ -46,7 +52,7 @@ def stage_errors(B, T, H, K, V, n, gate, dtype, scale=0.7):
     dht = torch.randn(h0.shape, generator=gen, dtype=torch.float64)
     r = lambda x: x.to(dtype).double()
     model: dict = {}
-    model_grads(r(q), r(k), r(v), beta, g, h0, r(do), dht, n, scale, r, stages=model)
+    grads = model_grads(r(q), r(k), r(v), beta, g, h0, r(do), dht, n, scale, r, stages=model)
     lo = lambda x, dt: None if x is None else x.to(device=DEVICE, dtype=dt)
     NC, kern = kernel_stages(lo(q, dtype), lo(k, dtype), lo(v, dtype), lo(beta, torch.float32),
                              lo(g, torch.float32), lo(h0, torch.float32), lo(do, dtype), lo(dht, torch.float32), n, scale)
@@ -59,6 +65,10 @@ def stage_errors(B, T, H, K, V, n, gate, dtype, scale=0.7):
             ref, out = ref[..., lower], out[..., lower]
         assert torch.isfinite(out).all(), f"{name}: non-finite values"
         errs[name] = float((out - ref).norm() / ref.norm().clamp_min(1e-30))
+    for name, ref in zip(("dq", "dk", "dv", "dbeta"), grads):  # dqkwg, from the kernels' own upstream stages
+        out = kern[name].double().cpu()
+        assert torch.isfinite(out).all(), f"{name}: non-finite values"
+        errs[name] = float((out - ref).norm() / ref.norm())
     print(f"\n{dtype} n_h={n} gate={gate}: " + ", ".join(f"{k} {v:.1e}" for k, v in errs.items()))
     return errs
 
