@@ -248,6 +248,9 @@ def run(args) -> dict:
         cfg = model_config(shape, variant)  # dpx and fla back to back
         for impl in impls:
             row = {"shape": shape, "variant": variant, "impl": impl, "batch_size": B, "seq_len": T}
+            if impl == "dpx":  # which backward the bf16 model takes (float32 where the 16-bit one is unverified)
+                from dpx.kernels.delta_product.chunk import _float32_backward
+                row["dpx_backward"] = "float32" if _float32_backward(torch.bfloat16, cfg["num_householder"]) else "bf16"
             report["rows"].append(row)
             if impl == "fla" and fla_err:
                 row["status"] = "skipped: fla does not import"
