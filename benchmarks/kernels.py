@@ -167,7 +167,14 @@ def main():
     ap.add_argument("--stages", action="store_true", help="time each forward/backward kernel alone (--bwd-ns)")
     ap.add_argument("--decode-sweep", action="store_true", help="time the decode kernel at every (BV, warps)")
     ap.add_argument("--no-decode", action="store_true", help="skip the decode timings")
+    ap.add_argument("--bwd-fp32", choices=("0", "1", "default"), default="0",
+                    help="DPX_KERNEL_BWD_FP32 for the timed backward: 0 = the 16-bit kernels (default here: they are "
+                         "what is benchmarked), 1 = the float32 backward, default = the library's choice per n_h")
     args = ap.parse_args()
+    if args.bwd_fp32 == "default":
+        os.environ.pop("DPX_KERNEL_BWD_FP32", None)
+    else:
+        os.environ["DPX_KERNEL_BWD_FP32"] = args.bwd_fp32
     dev = "cuda"
     B, T, H, K, V = (4, 4096, 16, 128, 128)
     dtype = torch.bfloat16
@@ -179,6 +186,7 @@ def main():
     say(f"device {torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__} "
         f"fla {'yes' if fla_chunk else 'no: ' + FLA_ERR}")
     say(f"copy bandwidth {bw / 1e12:.2f} TB/s, bf16 matmul {mm / 1e12:.0f} TFLOP/s")
+    say(f"backward: DPX_KERNEL_BWD_FP32={os.environ.get('DPX_KERNEL_BWD_FP32', 'unset (per n_h)')}")
 
     # correctness at a moderate shape against the float32 PyTorch chunk path on the same GPU
     for n, gated in [] if args.no_check else [(2, True), (3, False)]:
