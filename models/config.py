@@ -23,8 +23,9 @@ IMPLS = ("auto", "triton", "torch", "naive")
 BETA_RANGES = {"[0,1]": False, "[-1,1]": True}
 
 
-def did_you_mean(value: str, choices) -> str:
-    close = difflib.get_close_matches(str(value), list(choices), n=1)
+def did_you_mean(value: str, choices, cutoff: float = 0.6) -> str:
+    """' (did you mean X?)' for the closest of `choices`, or ''; shared by the model and task config classes."""
+    close = difflib.get_close_matches(str(value), list(choices), n=1, cutoff=cutoff)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 

@@ -3,8 +3,9 @@ brackets in the DeltaNet / DeltaProduct next-token framing (Grazzi et al.'s xLST
 Torch-free."""
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
+
+from dpx.models.config import did_you_mean
 
 LANGUAGES = ("parity", "mod_arith", "mod_arith_brackets")
 
@@ -36,8 +37,7 @@ class FormalLanguageConfig:
 
     def __post_init__(self):
         if self.language not in LANGUAGES:
-            close = difflib.get_close_matches(self.language, LANGUAGES, n=1, cutoff=0.4)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            hint = did_you_mean(self.language, LANGUAGES, cutoff=0.4)
             raise ValueError(f"language: unknown language {self.language!r}{hint}; known: {', '.join(LANGUAGES)}")
         for k in ("train_min_len", "train_max_len", "test_min_len", "test_max_len", "val_samples"):
             if getattr(self, k) <= 0:

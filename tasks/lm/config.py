@@ -8,8 +8,9 @@ evaluation switched on; given `checkpoint` they skip training and evaluate a sav
 """
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field
+
+from dpx.models.config import did_you_mean
 
 # Named text sources: hub data sets of the paper (downloaded lazily with `datasets`) and offline stand-ins that
 # ship with dpx or are made by it (see sources.py for what each one is).
@@ -21,11 +22,6 @@ TOKENIZERS = ("mistral_v1", "byte")
 TOKENIZER_VOCAB = {"mistral_v1": 32000, "byte": 259}
 EVALS = ("lm_eval", "extrapolation", "effective_rank")
 LM_EVAL_TASKS = ("wikitext", "lambada_openai", "piqa", "hellaswag", "winogrande", "arc_easy", "arc_challenge")
-
-
-def _hint(value: str, choices) -> str:
-    close = difflib.get_close_matches(str(value), list(choices), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 @dataclass
@@ -56,7 +52,7 @@ class LMEvalOptions:
     def __post_init__(self):
         bad = [t for t in self.tasks if t not in LM_EVAL_TASKS]
         if bad:
-            raise ValueError(f"lm_eval.tasks: unknown task {bad[0]!r}{_hint(bad[0], LM_EVAL_TASKS)}; "
+            raise ValueError(f"lm_eval.tasks: unknown task {bad[0]!r}{did_you_mean(bad[0], LM_EVAL_TASKS)}; "
                              f"known: {', '.join(LM_EVAL_TASKS)}")
         if self.limit < 0 or self.batch_size < 1 or self.max_length < 0:
             raise ValueError("lm_eval.batch_size: must be >= 1 (limit, max_length >= 0)")
@@ -82,7 +78,7 @@ class ExtrapolationOptions:
     def __post_init__(self):
         bad = [d for d in self.datasets if d not in DATASETS]
         if bad:
-            raise ValueError(f"extrapolation.datasets: unknown data set {bad[0]!r}{_hint(bad[0], DATASETS)}")
+            raise ValueError(f"extrapolation.datasets: unknown data set {bad[0]!r}{did_you_mean(bad[0], DATASETS)}")
         if self.max_len < 2 or self.num_sequences < 1 or self.batch_size < 1 or self.window < 1:
             raise ValueError("extrapolation.max_len: must be >= 2 (num_sequences, batch_size, window >= 1)")
 
@@ -106,7 +102,7 @@ class EffectiveRankOptions:
 
     def __post_init__(self):
         if self.dataset not in DATASETS:
-            raise ValueError(f"effective_rank.dataset: unknown data set {self.dataset!r}{_hint(self.dataset, DATASETS)}")
+            raise ValueError(f"effective_rank.dataset: unknown data set {self.dataset!r}{did_you_mean(self.dataset, DATASETS)}")
         if self.seq_len < 2 or self.stride < 1:
             raise ValueError("effective_rank.seq_len: must be >= 2 (stride >= 1)")
 
@@ -173,7 +169,7 @@ class LMConfig:
             if isinstance(getattr(self, k), dict):
                 setattr(self, k, cls(**getattr(self, k)))
         if self.dataset not in DATASETS:
-            raise ValueError(f"dataset: unknown data set {self.dataset!r}{_hint(self.dataset, DATASETS)}; "
+            raise ValueError(f"dataset: unknown data set {self.dataset!r}{did_you_mean(self.dataset, DATASETS)}; "
                              f"known: {', '.join(DATASETS)}")
         if self.dataset == "local" and not self.data_files:
             raise ValueError("data_files: dataset 'local' needs at least one file")
@@ -181,7 +177,7 @@ class LMConfig:
             raise ValueError(f"text_format: must be one of {', '.join(TEXT_FORMATS)}, got {self.text_format!r}")
         if self.tokenizer not in TOKENIZERS and not self.tokenizer.endswith(".model"):
             raise ValueError(f"tokenizer: must be {' or '.join(TOKENIZERS)} or a path to a SentencePiece .model "
-                             f"file, got {self.tokenizer!r}{_hint(self.tokenizer, TOKENIZERS)}")
+                             f"file, got {self.tokenizer!r}{did_you_mean(self.tokenizer, TOKENIZERS)}")
         if self.context_len < 2:
             raise ValueError(f"context_len: must be >= 2, got {self.context_len}")
         if self.tokens_per_step < 0 or self.micro_batch_size < 0:
@@ -200,7 +196,7 @@ class LMConfig:
             raise ValueError("memory_gb: must be >= 0 (peak_tflops too)")
         bad = [e for e in self.evals if e not in EVALS]
         if bad:
-            raise ValueError(f"evals: unknown evaluation {bad[0]!r}{_hint(bad[0], EVALS)}; known: {', '.join(EVALS)}")
+            raise ValueError(f"evals: unknown evaluation {bad[0]!r}{did_you_mean(bad[0], EVALS)}; known: {', '.join(EVALS)}")
         # the eval-only task names switch their evaluation on
         if self.name in EVALS and self.name not in self.evals:
             self.evals = [*self.evals, self.name]

@@ -4,8 +4,9 @@ Torch-free and numpy-free (the orchestrator imports it to validate recipes).
 """
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
+
+from dpx.models.config import did_you_mean
 
 GROUP_ORDERS = {"S3": 6, "S4": 24, "A5": 60, "S5": 120}
 NUM_SPECIAL = 7
@@ -35,8 +36,7 @@ class WordProblemConfig:
 
     def __post_init__(self):
         if self.group not in GROUP_ORDERS:
-            close = difflib.get_close_matches(self.group, list(GROUP_ORDERS), n=1, cutoff=0.3)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            hint = did_you_mean(self.group, GROUP_ORDERS, cutoff=0.3)
             raise ValueError(f"group: unknown group {self.group!r}{hint}; known: {', '.join(GROUP_ORDERS)}")
         for k in ("train_len", "test_len", "val_samples"):
             if getattr(self, k) <= 0:

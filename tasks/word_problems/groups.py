@@ -8,11 +8,12 @@ Numpy only: the orchestrator imports nothing heavy through this module.
 """
 from __future__ import annotations
 
-import difflib
 import itertools
 from functools import lru_cache
 
 import numpy as np
+
+from dpx.models.config import did_you_mean
 
 GROUPS = ("S3", "S4", "A5", "S5")
 
@@ -24,8 +25,7 @@ def _parity(p: tuple[int, ...]) -> int:
 
 def check_group(name: str) -> None:
     if name not in GROUPS:
-        close = difflib.get_close_matches(name, GROUPS, n=1, cutoff=0.3)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        hint = did_you_mean(name, GROUPS, cutoff=0.3)
         raise ValueError(f"group: unknown group {name!r}{hint}; known: {', '.join(GROUPS)}")
 
 
