@@ -27,6 +27,18 @@ def run_dpx(*args: str, ws: Path | None = None, cwd: Path | None = None, timeout
 
 
 @pytest.fixture
+def one_thread():
+    """One intra-op thread: on a shared 2-core machine torch's default thread pool oversubscribes the cores and
+    runs tiny models ~10x slower (measured: 3 s vs 27 s for the word-problem task test at load 8)."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture
 def ws(tmp_path: Path) -> Path:
     return tmp_path / "ws"
 

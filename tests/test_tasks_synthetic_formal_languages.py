@@ -15,13 +15,7 @@ from dpx.tasks.formal_languages.languages import frame, generate
 from dpx.tasks.formal_languages.task import Scorer, scaled
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: on a shared 2-core machine torch's default pool oversubscribes the cores (~10x slower)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny models on a shared 2-core box
 
 
 @pytest.mark.parametrize("lo,hi", [(3, 40), (40, 256)])

@@ -24,14 +24,7 @@ from dpx.tasks.training.schedule import lr_factor
 VOCAB, T = 7, 6
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: on a shared 2-core machine torch's default thread pool oversubscribes the cores and
-    runs these tiny models ~10x slower (measured: 3 s vs 27 s for the task test at load 8)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny models on a shared 2-core box
 
 
 class TinyRNN(nn.Module):

@@ -19,14 +19,7 @@ from dpx.tasks.word_problems.metrics import PrefixAccuracy, max_len_at
 from dpx.tasks.word_problems.probe import beta_per_element, cumulative_explained_variance
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: on a shared 2-core machine torch's default thread pool oversubscribes the cores and
-    runs these tiny models ~10x slower (measured: 3 s vs 27 s for the task test at load 8)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: tiny models on a shared 2-core box
 
 
 def perm_matrix(p):
