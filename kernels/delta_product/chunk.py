@@ -58,10 +58,13 @@ def chunk_dp_bwd(q, k, v, g, beta, h0, do, dht, tab, scale):
 
 
 def _float32_backward(dtype: torch.dtype, n: int) -> bool:
+    """Whether the backward of `dtype` inputs with n Householder steps runs on float32 copies."""
     flag = os.environ.get("DPX_KERNEL_BWD_FP32", "")
     if flag not in ("", "0", "1"):
         raise ValueError(f"DPX_KERNEL_BWD_FP32: expected 0, 1 or unset, got {flag!r}")
-    return flag == "1" or (flag == "" and dtype != torch.float32 and n not in VERIFIED_16BIT_BWD)
+    if dtype == torch.float32:
+        return False  # already float32
+    return flag == "1" or (flag == "" and n not in VERIFIED_16BIT_BWD)
 
 
 class ChunkGatedDeltaProductFunction(torch.autograd.Function):
@@ -85,7 +88,7 @@ class ChunkGatedDeltaProductFunction(torch.autograd.Function):
         B, T, H, K = q.shape
         V = v.shape[-1]
         flat = lambda x, *s: None if x is None else x.reshape(*s)
-        if q.dtype != torch.float32 and _float32_backward(q.dtype, ctx.tab.n):
+        if _float32_backward(q.dtype, ctx.tab.n):
             f32 = lambda x: None if x is None else x.float()
             q_, k_, v_, beta_, do_ = f32(q), f32(k), f32(v), f32(beta), f32(do)
         else:
