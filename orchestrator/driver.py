@@ -94,8 +94,8 @@ def settle(store: StateStore, row, out: Outcome, reason: str, max_retries: int, 
     else:
         code = out.exit_code
         sig = f" (signal {-code})" if code is not None and code < 0 else ""
-        error = f"exited with code {code}{sig} before writing a result" + (
-            f"; log: {log_tail(run_dir)}" if log_tail(run_dir) else "")
+        tail = log_tail(run_dir)
+        error = f"exited with code {code}{sig} before writing a result" + (f"; log: {tail}" if tail else "")
     if status == "preempted":
         n = (row["preemptions"] or 0) + 1
         if n <= MAX_PREEMPTIONS:
