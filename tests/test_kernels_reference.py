@@ -25,13 +25,19 @@ def make_inputs(B, T, H, K, V, n, gate, dtype=torch.float64, N=None, seed=0):
     return [x if x is None else x.to(dtype) for x in (q, k, v, beta, g, h0)]
 
 
+def cotangents(o_shape, ht_shape):
+    """The float64 (dO, dht) every gradient test uses (fixed seed): grads() and the rounding-model tests."""
+    gen = torch.Generator().manual_seed(1)
+    return (torch.randn(o_shape, generator=gen, dtype=torch.float64),
+            torch.randn(ht_shape, generator=gen, dtype=torch.float64))
+
+
 def grads(fn, inputs, **kw):
     xs = [x if x is None else x.detach().clone().requires_grad_() for x in inputs]
     q, k, v, beta, g, h0 = xs
     o, ht = fn(q, k, v, beta, g, initial_state=h0, output_final_state=True, **kw)
-    gen = torch.Generator().manual_seed(1)
-    do = torch.randn(o.shape, generator=gen, dtype=torch.float64).to(device=o.device, dtype=o.dtype)
-    dht = torch.randn(ht.shape, generator=gen, dtype=torch.float64).to(device=ht.device, dtype=ht.dtype)
+    do, dht = cotangents(o.shape, ht.shape)
+    do, dht = do.to(device=o.device, dtype=o.dtype), dht.to(device=ht.device, dtype=ht.dtype)
     ((o * do).sum() + (ht * dht).sum()).backward()
     return [o, ht] + [x.grad if x is not None else None for x in xs]
 

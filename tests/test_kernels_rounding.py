@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from kernels_rounding_model import model_grads
-from test_kernels_reference import NAMES, grads, make_inputs
+from test_kernels_reference import NAMES, cotangents, grads, make_inputs
 from dpx.kernels import chunk_gated_delta_product
 from dpx.kernels.delta_product.naive import naive_recurrent_gated_delta_product as naive
 
@@ -28,9 +28,7 @@ CASES = [(3, "mixed"), (2, "rand")]
 def _setup(n, gate, B, T, H, K, V):
     inputs = make_inputs(B, T, H, K, V, n, gate)
     ref = dict(zip(NAMES, grads(naive, inputs, num_householder=n, scale=0.7)))
-    gen = torch.Generator().manual_seed(1)  # the same do / dht as grads()
-    do = torch.randn(B, T, H, V, generator=gen, dtype=torch.float64)
-    dht = torch.randn(inputs[5].shape, generator=gen, dtype=torch.float64)
+    do, dht = cotangents((B, T, H, V), inputs[5].shape)  # the same as grads()
     return inputs, ref, do, dht
 
 

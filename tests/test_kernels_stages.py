@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from kernels_rounding_model import STAGES, model_grads, stage_tensor
-from test_kernels_reference import make_inputs
+from test_kernels_reference import cotangents, make_inputs
 from dpx.kernels.delta_product.index import BL, chunk_table
 from dpx.kernels.utils import dot_precision
 
@@ -47,9 +47,7 @@ def kernel_stages(q, k, v, beta, g, h0, do, dht, n, scale):
 
 def stage_errors(B, T, H, K, V, n, gate, dtype, scale=0.7):
     q, k, v, beta, g, h0 = make_inputs(B, T, H, K, V, n, gate)
-    gen = torch.Generator().manual_seed(1)
-    do = torch.randn(B, T, H, V, generator=gen, dtype=torch.float64)
-    dht = torch.randn(h0.shape, generator=gen, dtype=torch.float64)
+    do, dht = cotangents((B, T, H, V), h0.shape)
     r = lambda x: x.to(dtype).double()
     model: dict = {}
     grads = model_grads(r(q), r(k), r(v), beta, g, h0, r(do), dht, n, scale, r, stages=model)
