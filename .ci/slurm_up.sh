@@ -55,6 +55,8 @@ SlurmctldHost=localhost(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
+# a requeued job waits this long before it may start again (default 120 s: too slow for the requeue tests)
+AuthInfo=cred_expire=30
 CredType=cred/munge
 MpiDefault=none
 ProctrackType=proctrack/linuxproc

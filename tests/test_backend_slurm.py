@@ -60,14 +60,32 @@ def squeue_state(job: str) -> str:
     return r.stdout.strip()
 
 
-def wait_for(pred, timeout: float, what: str):
+def slurm_report(job: str | None = None) -> str:
+    """What Slurm says about the job and the node, and its daemons' log tails: printed when a wait times out,
+    so a CI failure names the cause (a drained node, a held job, a scheduler that never ran)."""
+    cmds = [["sinfo", "-N", "-o", "%N %T %E"], ["squeue", "-o", "%i %T %r %S"]]
+    if job:
+        cmds.append(["scontrol", "show", "job", job])
+    out = []
+    for c in cmds:
+        r = subprocess.run(c, capture_output=True, text=True)
+        out.append(f"$ {' '.join(c)}\n{r.stdout}{r.stderr}")
+    d = Path(os.environ.get("SLURM_CONF", "/nonexistent")).parent
+    for log in ("slurmctld.log", "slurmd.log"):
+        f = d / log
+        if f.exists():
+            out.append(f"--- {log} (tail)\n" + "\n".join(f.read_text(errors="replace").splitlines()[-40:]))
+    return "\n".join(out)
+
+
+def wait_for(pred, timeout: float, what: str, job: str | None = None):
     deadline = time.time() + timeout
     while time.time() < deadline:
         v = pred()
         if v:
             return v
         time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out waiting for {what}\n{slurm_report(job)}")
 
 
 def test_array_lost_driver_and_rerun_failed(tmp_path, slurm):
@@ -141,11 +159,12 @@ hardware: {backend: slurm, slurm: {time_min: 10, mem_gb: 0.25}}
         except (OSError, ValueError):
             return 0
 
-    def restart(n: int) -> None:  # a requeued job waits ~2 min (BeginTime); let it start now
-        wait_for(lambda: squeue_state(job) == "PENDING", 60, f"job {job} requeued")
-        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
-        # the StartTime update can be ignored under load; Slurm then starts the job after its ~2 min hold itself
-        wait_for(lambda: f"restart {n})" in (run_dir / "log.txt").read_text(), 300, f"restart {n}")
+    def restart(n: int) -> None:
+        # A requeued job waits out the credential lifetime (BeginTime; slurm_up.sh sets cred_expire=30 s) and
+        # Slurm starts it again by itself. Forcing `StartTime=now` here raced the revocation of the old
+        # credential: slurmd refused the launch ("Job credential revoked") and the job FAILED (CI, 2026-11-29).
+        wait_for(lambda: squeue_state(job) == "PENDING", 60, f"job {job} requeued", job)
+        wait_for(lambda: f"restart {n})" in (run_dir / "log.txt").read_text(), 300, f"restart {n}", job)
 
     wait_for(lambda: step() >= 3, 180, "first checkpoint")
     subprocess.run(["scancel", "--signal=USR2", job], check=True)
