@@ -131,11 +131,17 @@ def test_chunk_many_householders():
     run_case(1, 11, 1, 16, 16, 8, "rand", torch.float32)
 
 
-@pytest.mark.parametrize("n,gate,l2,cu", [(1, "rand", False, None), (2, "mixed", True, None),
-                                          (3, None, False, torch.tensor([0, 1, 5, 5])), (4, "zero", True, None)])
-def test_fused_recurrent_matches_naive(n, gate, l2, cu):
+def test_chunk_largest_head_dims():
+    # d_k = d_v = 256, the largest the API accepts: one [*, 256] key tile per program and four 64-wide V slices
+    run_case(1, 20, 1, 256, 256, 2, "mixed", torch.float32)
+
+
+@pytest.mark.parametrize("n,gate,l2,cu,K,V", [(1, "rand", False, None, 16, 24), (2, "mixed", True, None, 16, 24),
+                                              (3, None, False, torch.tensor([0, 1, 5, 5]), 16, 24),
+                                              (4, "zero", True, None, 16, 24), (2, "rand", True, None, 256, 256)])
+def test_fused_recurrent_matches_naive(n, gate, l2, cu, K, V):
     B, N = (1, 3) if cu is not None else (2, None)
-    q, k, v, beta, g, h0 = make_inputs(B, 5, 2, 16, 24, n, gate, N=N)
+    q, k, v, beta, g, h0 = make_inputs(B, 5, 2, K, V, n, gate, N=N)
     o_ref, h_ref = naive(q, k, v, beta, g, n, initial_state=h0, output_final_state=True,
                          use_qk_l2norm_in_kernel=l2, cu_seqlens=cu)
     f = lambda x: None if x is None else x.float().to(DEVICE)
