@@ -248,9 +248,6 @@ def run(args) -> dict:
         cfg = model_config(shape, variant)  # dpx and fla back to back
         for impl in impls:
             row = {"shape": shape, "variant": variant, "impl": impl, "batch_size": B, "seq_len": T}
-            if impl == "dpx":  # which backward the bf16 model takes (float32 where the 16-bit one is unverified)
-                from dpx.kernels.delta_product.chunk import _float32_backward
-                row["dpx_backward"] = "float32" if _float32_backward(torch.bfloat16, cfg["num_householder"]) else "bf16"
             report["rows"].append(row)
             if impl == "fla" and fla_err:
                 row["status"] = "skipped: fla does not import"
@@ -270,6 +267,9 @@ def run(args) -> dict:
                                num_layers=c.num_layers, hidden_size=c.hidden_size, num_heads=c.num_heads,
                                head_dim=c.key_dim, n_h=c.num_householder, gated=c.use_forget_gate,
                                mlp_size=c.mlp_size, vocab_size=c.vocab_size)
+                    if impl == "dpx":  # which backward the bf16 model takes (float32 where 16-bit is unverified)
+                        from dpx.kernels.delta_product.chunk import backward_path
+                        row["dpx_backward"] = backward_path(torch.bfloat16, c.num_householder, c.key_dim)
                     print(f"[lm_throughput] {shape} {variant} {impl}: {row['num_params'] / 1e6:.2f}M params "
                           f"({c.num_layers} x d={c.hidden_size}, {c.num_heads} heads x {c.key_dim}, mlp "
                           f"{c.mlp_size}), {B} x {T}", flush=True)

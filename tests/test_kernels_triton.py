@@ -131,9 +131,16 @@ def test_chunk_many_householders():
     run_case(1, 11, 1, 16, 16, 8, "rand", torch.float32)
 
 
-def test_chunk_largest_head_dims():
-    # d_k = d_v = 256, the largest the API accepts: one [*, 256] key tile per program and four 64-wide V slices
-    run_case(1, 20, 1, 256, 256, 2, "mixed", torch.float32)
+@pytest.mark.parametrize("dtype,bwd_fp32,path,cu", [(torch.float16, "0", "triton", None),
+                                                     (torch.float32, "", "torch_fp32", None),
+                                                     (torch.float32, "", "torch_fp32", torch.tensor([0, 1, 13, 20]))])
+def test_chunk_largest_head_dims(dtype, bwd_fp32, path, cu, monkeypatch):
+    # d_k = d_v = 256, the largest the API accepts: one [*, 256] key tile per program and four 64-wide V slices.
+    # 16-bit: the Triton backward; float32: autograd through torch_chunk (its Triton tiles exceed a Hopper SM)
+    from dpx.kernels.delta_product.chunk import backward_path
+    monkeypatch.setenv("DPX_KERNEL_BWD_FP32", bwd_fp32)
+    assert backward_path(dtype, 2, 256) == path
+    run_case(1, 20, 1, 256, 256, 2, "rand", dtype, cu=cu)  # ("mixed" gates leave dh0 ~1e-11: fp16 underflows it)
 
 
 @pytest.mark.parametrize("n,gate,l2,cu,K,V", [(1, "rand", False, None, 16, 24), (2, "mixed", True, None, 16, 24),

@@ -16,6 +16,10 @@ verified it (n_h = 2: fp16 and bf16), because at n_h = 3 its bf16 dk/dv/dbeta we
 budget (BENCHMARKS.md, kernels; the failing outputs are exactly those that depend on dv_new, and n_h = 3 is the
 first case with 16-token chunks) and n_h = 1 or >= 4 has not run there. The float32 backward is verified on the
 H200 for n_h 1-4 (at head dims <= 32).
+A float32 backward at head dim K > 128 does not fit a Hopper SM: the per-chunk gradient kernel keeps several
+[64, K] float32 tiles in shared memory (262-393 KB against 227 KB per block for K = 256, every config; compiled for
+sm_90 by benchmarks/kernel_resources.py). Such calls differentiate the PyTorch chunkwise form instead (torch_chunk,
+recomputed under autograd): correct everywhere, several times slower; `backward_path` says which path a call takes.
 """
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ import os
 
 import torch
 
-from ..utils import contiguous, dot_precision
+from ..utils import contiguous, dot_precision, next_pow2
 from .index import chunk_table
 from .naive import check_inputs, l2norm
 from .chunk_h import chunk_dp_bwd_dh, chunk_dp_fwd_h
@@ -57,6 +61,38 @@ def chunk_dp_bwd(q, k, v, g, beta, h0, do, dht, tab, scale):
     return dq, dk, dv, dg, dbeta, dh0
 
 
+FP32_BWD_MAX_K = 128  # widest head dim whose float32 backward tiles fit Hopper's shared memory (see the docstring)
+
+
+def backward_path(dtype: torch.dtype, n: int, K: int) -> str:
+    """Which backward a call with `dtype` inputs, n Householder steps and head dim K runs: "triton" (16-bit
+    operands), "triton_fp32" (the Triton kernels on float32 copies) or "torch_fp32" (autograd through torch_chunk)."""
+    if dtype == torch.float32 or _float32_backward(dtype, n):
+        return "triton_fp32" if next_pow2(K) <= FP32_BWD_MAX_K else "torch_fp32"
+    return "triton"
+
+
+def _torch_backward(ctx, do, dht):
+    """Gradients by autograd through the PyTorch chunkwise form, recomputed from the saved inputs in float32."""
+    from .torch_chunk import torch_chunk_gated_delta_product
+    saved = ctx.saved_tensors
+    need = ctx.needs_input_grad[:6]
+    with torch.enable_grad():
+        xs = [None if x is None else x.detach().float().requires_grad_(bool(r)) for x, r in zip(saved, need)]
+        q, k, v, g, beta, h0 = xs
+        o, ht = torch_chunk_gated_delta_product(q, k, v, beta, g, ctx.tab.n, scale=ctx.scale, initial_state=h0,
+                                                output_final_state=dht is not None, cu_seqlens=ctx.cu_seqlens)
+        outs, gos = [o], [do.float()]
+        if dht is not None:
+            outs.append(ht)
+            gos.append(dht.float())
+        wrt = [x for x in xs if x is not None and x.requires_grad]
+        got = iter(torch.autograd.grad(outs, wrt, gos, allow_unused=True))
+    grads = [next(got) if x is not None and x.requires_grad else None for x in xs]
+    grads = [None if gx is None else gx.to(x.dtype) for gx, x in zip(grads, saved)]
+    return (*grads, None, None, None, None)
+
+
 def _float32_backward(dtype: torch.dtype, n: int) -> bool:
     """Whether the backward of `dtype` inputs with n Householder steps runs on float32 copies."""
     flag = os.environ.get("DPX_KERNEL_BWD_FP32", "")
@@ -71,14 +107,14 @@ class ChunkGatedDeltaProductFunction(torch.autograd.Function):
 
     @staticmethod
     @contiguous
-    def forward(ctx, q, k, v, g, beta, h0, tab, scale, output_final_state):
+    def forward(ctx, q, k, v, g, beta, h0, tab, scale, output_final_state, cu_seqlens):
         B, T, H, K = q.shape
         V = v.shape[-1]
         flat = lambda x, *s: None if x is None else x.reshape(*s)
         o, ht = chunk_dp_fwd(flat(q, -1, H, K), flat(k, -1, H, K), flat(v, -1, H, V), flat(g, -1, H),
                              flat(beta, -1, H), h0, tab, scale, output_final_state)
         ctx.save_for_backward(q, k, v, g, beta, h0)
-        ctx.tab, ctx.scale = tab, scale
+        ctx.tab, ctx.scale, ctx.cu_seqlens = tab, scale, cu_seqlens
         return o.view(B, T, H, V), ht
 
     @staticmethod
@@ -87,8 +123,11 @@ class ChunkGatedDeltaProductFunction(torch.autograd.Function):
         q, k, v, g, beta, h0 = ctx.saved_tensors
         B, T, H, K = q.shape
         V = v.shape[-1]
+        path = backward_path(q.dtype, ctx.tab.n, K)
+        if path == "torch_fp32":
+            return _torch_backward(ctx, do, dht)
         flat = lambda x, *s: None if x is None else x.reshape(*s)
-        if _float32_backward(q.dtype, ctx.tab.n):
+        if path == "triton_fp32" and q.dtype != torch.float32:
             f32 = lambda x: None if x is None else x.float()
             q_, k_, v_, beta_, do_ = f32(q), f32(k), f32(v), f32(beta), f32(do)
         else:
@@ -98,7 +137,7 @@ class ChunkGatedDeltaProductFunction(torch.autograd.Function):
             flat(do_, -1, H, V), dht, ctx.tab, ctx.scale)
         cast = lambda dx, x: None if dx is None else dx.view(x.shape).to(x.dtype)
         return (cast(dq, q), cast(dk, k), cast(dv, v), cast(dg, g), cast(dbeta, beta), cast(dh0, h0),
-                None, None, None)
+                None, None, None, None)
 
 
 @torch.compiler.disable
@@ -131,4 +170,5 @@ def chunk_gated_delta_product(
     tab = chunk_table(B, T, num_householder, q.device, cu_seqlens, cu_seqlens_cpu)
     if g is not None:
         g = g.float()
-    return ChunkGatedDeltaProductFunction.apply(q, k, v, g, beta, initial_state, tab, scale, output_final_state)
+    return ChunkGatedDeltaProductFunction.apply(q, k, v, g, beta, initial_state, tab, scale, output_final_state,
+                                                cu_seqlens)

@@ -1,0 +1,219 @@
+"""What every DeltaProduct kernel launch costs a Hopper SM, found without a GPU: shared memory, registers, spills.
+
+The launch paths of `chunk_gated_delta_product` (forward and backward) and of the decode kernel run on the CPU
+with Triton's autotuner intercepted, so each kernel launch is recorded (arguments, constexprs, the autotune
+configs that would be tried) instead of executed; every recorded (kernel, config) is then compiled ahead of time
+for sm_90 with Triton's own compiler and `ptxas -v`. A config whose shared memory is over the per-block limit
+(232,448 B on H100/H200) cannot launch: the autotuner skips it, and where it is the only config (DPX_NO_AUTOTUNE=1,
+or the only one left after pruning) the call fails with OutOfResources on the GPU. Spills (local-memory traffic)
+are what the register-heavy kernels pay in speed.
+
+    python benchmarks/kernel_resources.py                       # bf16 and fp32, d 64/128/256, n_h 1/2/3/4/8
+    python benchmarks/kernel_resources.py --dtypes bf16 --dims 128 --ns 2 --out table.md
+
+Numbers come from the local Triton (3.7.1 here); the GPU image runs Triton 3.6, whose allocation can differ a little.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    sys.exit("kernel_resources: unset TRITON_INTERPRET (the kernels are compiled for sm_90, not interpreted)")
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.autotuner import Autotuner
+from triton.runtime.jit import JITFunction
+
+HOPPER_SHARED_LIMIT = 232_448  # bytes per block (opt-in maximum on sm_90)
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+TT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int64: "i64",
+      torch.int32: "i32", torch.bool: "i1"}
+
+
+def _jit(k) -> JITFunction:
+    while not isinstance(k, JITFunction):
+        k = k.fn
+    return k
+
+
+def capture(fn) -> list[tuple[JITFunction, dict, list]]:
+    """Run fn() with every autotuned Triton launch recorded instead of executed:
+    [(jit function, {arg name: value} incl. constexprs and heuristics, [configs after pruning])]."""
+    seen = []
+    orig = Autotuner.run
+
+    def run(self, *args, **kwargs):
+        kwargs = {k: v for k, v in kwargs.items() if k not in ("grid", "warmup")}
+        self.nargs = dict(zip(self.arg_names, args))
+        configs = self.prune_configs(kwargs) if len(self.configs) > 1 else self.configs
+        seen.append((_jit(self), {**self.nargs, **kwargs}, list(configs)))
+        self.nargs = None
+
+    Autotuner.run = run
+    try:
+        fn()
+    finally:
+        Autotuner.run = orig
+    return seen
+
+
+def signature(jf: JITFunction, values: dict, config) -> tuple[dict, dict]:
+    allv = {**values, **config.kwargs}
+    sig, consts = {}, {}
+    for p in jf.params:
+        v = allv[p.name]
+        if p.is_constexpr or v is None:
+            sig[p.name] = "constexpr"
+            consts[p.name] = v
+        elif isinstance(v, torch.Tensor):
+            sig[p.name] = "*" + TT[v.dtype]
+        elif isinstance(v, bool):
+            sig[p.name] = "i1"
+        elif isinstance(v, int):
+            sig[p.name] = "i64" if abs(v) >= 2 ** 31 else "i32"
+        elif isinstance(v, float):
+            sig[p.name] = "fp32"
+        else:
+            raise TypeError(f"{jf.__name__}.{p.name}: cannot type {type(v).__name__}")
+    return sig, consts
+
+
+def ptxas_report(ptx: str, arch: str) -> dict:
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    with tempfile.TemporaryDirectory() as d:
+        f = Path(d) / "k.ptx"
+        f.write_text(ptx)
+        r = subprocess.run([str(ptxas), "-v", f"--gpu-name={arch}", str(f), "-o", str(Path(d) / "k.cubin")],
+                           capture_output=True, text=True)
+    text = r.stderr
+    num = lambda pat: int(m.group(1)) if (m := re.search(pat, text)) else 0
+    return {"regs": num(r"Used (\d+) registers"), "spill_st": num(r"(\d+) bytes spill stores"),
+            "spill_ld": num(r"(\d+) bytes spill loads"), "ok": r.returncode == 0}
+
+
+def compile_one(jf: JITFunction, values: dict, config, cc: int) -> dict:
+    sig, consts = signature(jf, values, config)
+    opts = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    c = triton.compile(ASTSource(fn=jf, signature=sig, constexprs=consts), target=GPUTarget("cuda", cc, 32),
+                       options=opts)
+    return {"shared": c.metadata.shared, **ptxas_report(c.asm["ptx"], f"sm_{cc}a" if cc == 90 else f"sm_{cc}")}
+
+
+def launches(dtype: torch.dtype, d: int, n: int, gated: bool, bwd_fp32: str) -> list:
+    """Every Triton kernel launch of one forward + backward of the chunk kernel, and one decode step (a backward
+    that `backward_path` sends to PyTorch launches none)."""
+    from dpx.kernels import chunk_gated_delta_product, fused_recurrent_gated_delta_product
+
+    B, T, H = 1, 64, 2
+    g = torch.Generator().manual_seed(0)
+    mk = lambda *s: torch.randn(*s, generator=g).to(dtype)
+    q, k, v = mk(B, T, H, d), mk(B, T * n, H, d), mk(B, T * n, H, d)
+    beta = torch.rand(B, T * n, H, generator=g).to(dtype)
+    gate = -torch.rand(B, T, H, generator=g) if gated else None
+    h0 = torch.zeros(B, H, d, d)
+
+    def step():
+        xs = [x.clone().requires_grad_() for x in (q, k, v, beta)]
+        o, ht = chunk_gated_delta_product(xs[0], xs[1], xs[2], gate, xs[3], n, initial_state=h0,
+                                          output_final_state=True)
+        (o.float().sum() + ht.sum()).backward()
+        with torch.no_grad():
+            fused_recurrent_gated_delta_product(q[:, :1], k[:, :n], v[:, :n], None if gate is None else gate[:, :1],
+                                                beta[:, :n], n, initial_state=h0, output_final_state=True)
+    old = os.environ.get("DPX_KERNEL_BWD_FP32")
+    os.environ["DPX_KERNEL_BWD_FP32"] = bwd_fp32
+    try:
+        return capture(step)
+    finally:
+        if old is None:
+            os.environ.pop("DPX_KERNEL_BWD_FP32")
+        else:
+            os.environ["DPX_KERNEL_BWD_FP32"] = old
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dtypes", default="bf16,fp32")
+    ap.add_argument("--dims", default="64,128,256", help="d_k = d_v")
+    ap.add_argument("--ns", default="1,2,3,4,8")
+    ap.add_argument("--gated", type=int, default=1)
+    ap.add_argument("--bwd-fp32", default="", help="DPX_KERNEL_BWD_FP32 for the backward launches (0, 1 or '')")
+    ap.add_argument("--kernels", default="", help="only kernels whose name contains one of these (comma list)")
+    ap.add_argument("--cc", type=int, default=90)
+    ap.add_argument("--out", type=Path, help="also write the markdown table here")
+    ap.add_argument("--json", type=Path, help="also write every launch and its configs' results here")
+    a = ap.parse_args(argv)
+
+    done: dict = {}
+    rows, report = [], []
+    t0 = time.time()
+    wanted = [k for k in a.kernels.split(",") if k]
+    for dname in a.dtypes.split(","):
+        for d in map(int, a.dims.split(",")):
+            for n in map(int, a.ns.split(",")):
+                for jf, values, configs in launches(DTYPES[dname], d, n, bool(a.gated), a.bwd_fp32):
+                    if wanted and not any(w in jf.__name__ for w in wanted):
+                        continue
+                    launch = {"kernel": jf.__name__, "dtype": dname, "d": d, "n_h": n, "configs": []}
+                    for cfg in configs:
+                        sig, consts = signature(jf, values, cfg)
+                        label = " ".join([f"{k}={v}" for k, v in cfg.kwargs.items()]
+                                         + [f"w={cfg.num_warps}", f"s={cfg.num_stages}"])
+                        key = (jf.__name__, tuple(sorted(sig.items())), tuple(sorted(map(str, consts.items()))),
+                               cfg.num_warps, cfg.num_stages)
+                        if key not in done:
+                            try:
+                                done[key] = compile_one(jf, values, cfg, a.cc)
+                            except Exception as e:  # a compile error is a finding too
+                                done[key] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"}
+                            r = done[key]
+                            dts = sorted({t[1:] for t in sig.values() if t.startswith("*")} - {"i32", "i64"})
+                            blocks = " ".join([f"{c}={consts[c]}" for c in ("BT", "BK", "BV")
+                                               if c in consts and c not in cfg.kwargs]
+                                              + [c for c, x in consts.items() if x is True])  # flags set
+                            rows.append((jf.__name__, "/".join(dts), d, n, blocks, label, r))
+                            fits = "error" if "error" in r else (
+                                "yes" if r["shared"] <= HOPPER_SHARED_LIMIT else "**NO**")
+                            print(f"[{time.time() - t0:5.0f}s] {jf.__name__} {'/'.join(dts)} d={d} n_h={n} {blocks} "
+                                  f"{label}: " + (r.get("error") or f"shared {r['shared']} B ({fits}), {r['regs']} "
+                                                  f"regs, spill {r['spill_st']}/{r['spill_ld']} B"), flush=True)
+                        launch["configs"].append({"config": label, **done[key]})
+                    launch["fits"] = any("error" not in c and c["shared"] <= HOPPER_SHARED_LIMIT
+                                         for c in launch["configs"])
+                    report.append(launch)
+    lines = [f"Limit: {HOPPER_SHARED_LIMIT:,} B of shared memory per block (sm_{a.cc}); Triton {triton.__version__}.",
+             "", "| kernel | dtypes | d | n_h | blocks, flags | config | shared (B) | fits | regs | spill st/ld (B) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, dts, d, n, blocks, cfg, r in rows:
+        if "error" in r:
+            lines.append(f"| {name} | {dts} | {d} | {n} | {blocks} | {cfg} | – | compile error: {r['error']} | | |")
+            continue
+        fits = "yes" if r["shared"] <= HOPPER_SHARED_LIMIT else "**no**"
+        lines.append(f"| {name} | {dts} | {d} | {n} | {blocks} | {cfg} | {r['shared']:,} | {fits} | {r['regs']} "
+                     f"| {r['spill_st']:,}/{r['spill_ld']:,} |")
+    table = "\n".join(lines)
+    if a.out:
+        a.out.write_text(table + "\n")
+    if a.json:
+        a.json.write_text(json.dumps({"limit": HOPPER_SHARED_LIMIT, "triton": triton.__version__, "cc": a.cc,
+                                      "launches": report}, indent=1))
+    print(table)
+    stuck = [f"{x['kernel']} {x['dtype']} d={x['d']} n_h={x['n_h']}" for x in report if not x["fits"]]
+    if stuck:
+        print(f"kernel_resources: no config fits for {len(stuck)} launch(es): " + "; ".join(stuck), file=sys.stderr)
+    return 1 if stuck else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""Every Triton kernel that a training step launches fits a Hopper SM: benchmarks/kernel_resources.py compiles
+the launches ahead of time for sm_90 on this CPU machine (Triton's compiler and its bundled ptxas; no GPU), and
+at least one autotune config of each launch must stay within 227 KB of shared memory per block, or the call
+fails with OutOfResources on an H100/H200. Cases: the heaviest of each backward path. A subprocess, because the
+interpreter tests set TRITON_INTERPRET=1 in this process, and interpreted kernels cannot be compiled."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "kernel_resources.py"
+HEAVY = {"chunk_dp_bwd_kernel_dqkwg", "chunk_dp_bwd_kernel_dh"}  # the backward kernels with [64, K] tiles
+
+
+@pytest.mark.parametrize("dtype,d,n,path", [("bf16", 256, 2, "triton"),       # 16-bit tiles at K = 256
+                                            ("fp32", 128, 1, "triton_fp32"),  # the widest float32 tiles
+                                            ("fp32", 256, 3, "torch_fp32")])  # would not fit: PyTorch backward
+def test_backward_launches_fit_hopper_shared_memory(tmp_path, dtype, d, n, path):
+    import torch
+    from dpx.kernels.delta_product.chunk import backward_path
+    assert backward_path({"bf16": torch.bfloat16, "fp32": torch.float32}[dtype], n, d) == path
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "DPX_KERNEL_BWD_FP32")}
+    r = subprocess.run([sys.executable, str(SCRIPT), "--dtypes", dtype, "--dims", str(d), "--ns", str(n),
+                        "--kernels", "prepare,bwd_kernel_dh,dqkwg", "--json", str(tmp_path / "r.json")],
+                       capture_output=True, text=True, env=env, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    launches = json.loads((tmp_path / "r.json").read_text())["launches"]
+    names = {x["kernel"] for x in launches}
+    assert "chunk_dp_fwd_kernel_prepare" in names, names
+    assert (HEAVY <= names) == (path != "torch_fp32"), names  # the PyTorch backward launches no Triton kernel
+    for x in launches:
+        assert x["fits"] and all(c.get("error") is None for c in x["configs"]), x
