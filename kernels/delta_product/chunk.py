@@ -17,13 +17,14 @@ budget (BENCHMARKS.md, kernels; the failing outputs are exactly those that depen
 first case with 16-token chunks) and n_h = 1 or >= 4 has not run there. The float32 backward is verified on the
 H200 for n_h 1-4 (at head dims <= 32).
 A float32 backward at head dim K > 128 does not fit a Hopper SM: the per-chunk gradient kernel keeps several
-[64, K] float32 tiles in shared memory (262-393 KB against 227 KB per block for K = 256, every config; compiled for
+[64, K] float32 tiles in shared memory (262-524 KB against 227 KB per block for K = 256, every config; compiled for
 sm_90 by benchmarks/kernel_resources.py). Such calls differentiate the PyTorch chunkwise form instead (torch_chunk,
 recomputed under autograd): correct everywhere, several times slower; `backward_path` says which path a call takes.
 """
 from __future__ import annotations
 
 import os
+import warnings
 
 import torch
 
@@ -62,6 +63,7 @@ def chunk_dp_bwd(q, k, v, g, beta, h0, do, dht, tab, scale):
 
 
 FP32_BWD_MAX_K = 128  # widest head dim whose float32 backward tiles fit Hopper's shared memory (see the docstring)
+_WARNED_TORCH_BWD = False
 
 
 def backward_path(dtype: torch.dtype, n: int, K: int) -> str:
@@ -75,6 +77,12 @@ def backward_path(dtype: torch.dtype, n: int, K: int) -> str:
 def _torch_backward(ctx, do, dht):
     """Gradients by autograd through the PyTorch chunkwise form, recomputed from the saved inputs in float32."""
     from .torch_chunk import torch_chunk_gated_delta_product
+    global _WARNED_TORCH_BWD
+    if not _WARNED_TORCH_BWD and do.is_cuda:
+        _WARNED_TORCH_BWD = True
+        warnings.warn("chunk_gated_delta_product: the float32 backward at head dim > 128 runs in PyTorch (its Triton "
+                      "tiles exceed the GPU's shared memory): correct but several times slower; 16-bit inputs at "
+                      "n_h = 2, or DPX_KERNEL_BWD_FP32=0, keep the Triton backward", stacklevel=2)
     saved = ctx.saved_tensors
     need = ctx.needs_input_grad[:6]
     with torch.enable_grad():
