@@ -31,6 +31,7 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 import torch
 import triton
 from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
 from triton.runtime.autotuner import Autotuner
 from triton.runtime.jit import JITFunction
@@ -89,12 +90,16 @@ def signature(jf: JITFunction, values: dict, config) -> tuple[dict, dict]:
     return sig, consts
 
 
-def ptxas_report(ptx: str, arch: str) -> dict:
-    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+def fits(r: dict) -> bool:
+    """A compiled config can launch on sm_90: it compiled and its shared memory is within the per-block limit."""
+    return "error" not in r and r["shared"] <= HOPPER_SHARED_LIMIT
+
+
+def ptxas_report(ptx: str, cc: int, arch: str) -> dict:
     with tempfile.TemporaryDirectory() as d:
         f = Path(d) / "k.ptx"
         f.write_text(ptx)
-        r = subprocess.run([str(ptxas), "-v", f"--gpu-name={arch}", str(f), "-o", str(Path(d) / "k.cubin")],
+        r = subprocess.run([get_ptxas(cc).path, "-v", f"--gpu-name={arch}", str(f), "-o", str(Path(d) / "k.cubin")],
                            capture_output=True, text=True)
     text = r.stderr
     num = lambda pat: int(m.group(1)) if (m := re.search(pat, text)) else 0
@@ -102,12 +107,12 @@ def ptxas_report(ptx: str, arch: str) -> dict:
             "spill_ld": num(r"(\d+) bytes spill loads"), "ok": r.returncode == 0}
 
 
-def compile_one(jf: JITFunction, values: dict, config, cc: int) -> dict:
-    sig, consts = signature(jf, values, config)
+def compile_one(jf: JITFunction, values: dict, config, cc: int, sig_consts: tuple | None = None) -> dict:
+    sig, consts = sig_consts or signature(jf, values, config)
     opts = {"num_warps": config.num_warps, "num_stages": config.num_stages}
     c = triton.compile(ASTSource(fn=jf, signature=sig, constexprs=consts), target=GPUTarget("cuda", cc, 32),
                        options=opts)
-    return {"shared": c.metadata.shared, **ptxas_report(c.asm["ptx"], f"sm_{cc}a" if cc == 90 else f"sm_{cc}")}
+    return {"shared": c.metadata.shared, **ptxas_report(c.asm["ptx"], cc, f"sm_{cc}a" if cc == 90 else f"sm_{cc}")}
 
 
 def launches(dtype: torch.dtype, d: int, n: int, gated: bool, bwd_fp32: str) -> list:
@@ -174,7 +179,7 @@ def main(argv=None) -> int:
                                cfg.num_warps, cfg.num_stages)
                         if key not in done:
                             try:
-                                done[key] = compile_one(jf, values, cfg, a.cc)
+                                done[key] = compile_one(jf, values, cfg, a.cc, (sig, consts))
                             except Exception as e:  # a compile error is a finding too
                                 done[key] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"}
                             r = done[key]
@@ -183,14 +188,12 @@ def main(argv=None) -> int:
                                                if c in consts and c not in cfg.kwargs]
                                               + [c for c, x in consts.items() if x is True])  # flags set
                             rows.append((jf.__name__, "/".join(dts), d, n, blocks, label, r))
-                            fits = "error" if "error" in r else (
-                                "yes" if r["shared"] <= HOPPER_SHARED_LIMIT else "**NO**")
                             print(f"[{time.time() - t0:5.0f}s] {jf.__name__} {'/'.join(dts)} d={d} n_h={n} {blocks} "
-                                  f"{label}: " + (r.get("error") or f"shared {r['shared']} B ({fits}), {r['regs']} "
+                                  f"{label}: " + (r.get("error") or f"shared {r['shared']} B "
+                                                  f"({'yes' if fits(r) else '**NO**'}), {r['regs']} "
                                                   f"regs, spill {r['spill_st']}/{r['spill_ld']} B"), flush=True)
                         launch["configs"].append({"config": label, **done[key]})
-                    launch["fits"] = any("error" not in c and c["shared"] <= HOPPER_SHARED_LIMIT
-                                         for c in launch["configs"])
+                    launch["fits"] = any(fits(c) for c in launch["configs"])
                     report.append(launch)
     lines = [f"Limit: {HOPPER_SHARED_LIMIT:,} B of shared memory per block (sm_{a.cc}); Triton {triton.__version__}.",
              "", "| kernel | dtypes | d | n_h | blocks, flags | config | shared (B) | fits | regs | spill st/ld (B) |",
@@ -199,8 +202,8 @@ def main(argv=None) -> int:
         if "error" in r:
             lines.append(f"| {name} | {dts} | {d} | {n} | {blocks} | {cfg} | – | compile error: {r['error']} | | |")
             continue
-        fits = "yes" if r["shared"] <= HOPPER_SHARED_LIMIT else "**no**"
-        lines.append(f"| {name} | {dts} | {d} | {n} | {blocks} | {cfg} | {r['shared']:,} | {fits} | {r['regs']} "
+        lines.append(f"| {name} | {dts} | {d} | {n} | {blocks} | {cfg} | {r['shared']:,} | "
+                     f"{'yes' if fits(r) else '**no**'} | {r['regs']} "
                      f"| {r['spill_st']:,}/{r['spill_ld']:,} |")
     table = "\n".join(lines)
     if a.out:
