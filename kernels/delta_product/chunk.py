@@ -63,7 +63,6 @@ def chunk_dp_bwd(q, k, v, g, beta, h0, do, dht, tab, scale):
 
 
 FP32_BWD_MAX_K = 128  # widest head dim whose float32 backward tiles fit Hopper's shared memory (see the docstring)
-_WARNED_TORCH_BWD = False
 
 
 def backward_path(dtype: torch.dtype, n: int, K: int) -> str:
@@ -77,9 +76,7 @@ def backward_path(dtype: torch.dtype, n: int, K: int) -> str:
 def _torch_backward(ctx, do, dht):
     """Gradients by autograd through the PyTorch chunkwise form, recomputed from the saved inputs in float32."""
     from .torch_chunk import torch_chunk_gated_delta_product
-    global _WARNED_TORCH_BWD
-    if not _WARNED_TORCH_BWD and do.is_cuda:
-        _WARNED_TORCH_BWD = True
+    if do.is_cuda:  # Python's default filter shows a warning once per call site: once per process here
         warnings.warn("chunk_gated_delta_product: the float32 backward at head dim > 128 runs in PyTorch (its Triton "
                       "tiles exceed the GPU's shared memory): correct but several times slower; 16-bit inputs at "
                       "n_h = 2, or DPX_KERNEL_BWD_FP32=0, keep the Triton backward", stacklevel=2)
