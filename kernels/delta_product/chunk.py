@@ -9,13 +9,10 @@ Backward (fla's split, specialised to DeltaProduct: only T query rows, gates onc
   chunk_bwd.chunk_dp_bwd_dv_local     per chunk: dv_loc = scale P^T dO
   chunk_h.chunk_dp_bwd_kernel_dh      serial, reverse: dh (state gradient after each chunk), dv_new, dh0
   chunk_bwd.chunk_dp_bwd_dqkwg        per chunk: dq, dk, dv, dbeta, dg (W/U/Kd/P/T gradients stay in registers)
-16-bit inputs: 16-bit operands and float32 accumulation throughout (as fla); float32 inputs: tf32x3 dots.
-The backward of 16-bit inputs can run on float32 copies, at the cost of float32 traffic and tf32x3 dots:
-DPX_KERNEL_BWD_FP32=1 always, =0 never; unset, 16-bit inputs use the 16-bit backward only where the H200 has
-verified it (n_h = 2: fp16 and bf16), because at n_h = 3 its bf16 dk/dv/dbeta were 6-10x over the rounding
-budget (BENCHMARKS.md, kernels; the failing outputs are exactly those that depend on dv_new, and n_h = 3 is the
-first case with 16-token chunks) and n_h = 1 or >= 4 has not run there. The float32 backward is verified on the
-H200 for n_h 1-4 (at head dims <= 32).
+16-bit inputs: 16-bit operands and float32 accumulation throughout (as fla), forward and backward, at every n_h.
+DPX_KERNEL_BWD_FP32=1 runs the backward of 16-bit inputs on float32 copies instead (float32 traffic, tf32x3 dots;
+slower, kept as a switch for debugging); unset or 0, the 16-bit backward runs. The GPU acceptance check
+(benchmarks/gpu_check.py, BENCHMARKS.md) verifies the 16-bit backward against float64 at n_h 1, 2, 3, 4, 8.
 A float32 backward at head dim K > 128 does not fit a Hopper SM: the per-chunk gradient kernel keeps several
 [64, K] float32 tiles in shared memory (262-524 KB against 227 KB per block for K = 256, every config; compiled for
 sm_90 by benchmarks/kernel_resources.py). Such calls differentiate the PyTorch chunkwise form instead (torch_chunk,
@@ -32,9 +29,6 @@ from ..utils import contiguous, dot_precision, next_pow2
 from .index import chunk_table
 from .naive import check_inputs, l2norm
 from .chunk_h import chunk_dp_bwd_dh, chunk_dp_fwd_h
-
-VERIFIED_16BIT_BWD = (2,)  # n_h whose 16-bit backward passed against float64 on the H200 (2026-11-29)
-
 
 def chunk_dp_fwd(q, k, v, g, beta, h0, tab, scale, output_final_state):
     """Flattened inputs: q [NTOK,H,K], k [NTOK*n,H,K], v [NTOK*n,H,V], beta [NTOK*n,H], g [NTOK,H] or None."""
@@ -78,8 +72,8 @@ def _torch_backward(ctx, do, dht):
     from .torch_chunk import torch_chunk_gated_delta_product
     if do.is_cuda:  # Python's default filter shows a warning once per call site: once per process here
         warnings.warn("chunk_gated_delta_product: the float32 backward at head dim > 128 runs in PyTorch (its Triton "
-                      "tiles exceed the GPU's shared memory): correct but several times slower; 16-bit inputs at "
-                      "n_h = 2, or DPX_KERNEL_BWD_FP32=0, keep the Triton backward", stacklevel=2)
+                      "tiles exceed the GPU's shared memory): correct but several times slower; 16-bit inputs "
+                      "keep the Triton backward", stacklevel=2)
     saved = ctx.saved_tensors
     need = ctx.needs_input_grad[:6]
     with torch.enable_grad():
@@ -103,9 +97,7 @@ def _float32_backward(dtype: torch.dtype, n: int) -> bool:
     flag = os.environ.get("DPX_KERNEL_BWD_FP32", "")
     if flag not in ("", "0", "1"):
         raise ValueError(f"DPX_KERNEL_BWD_FP32: expected 0, 1 or unset, got {flag!r}")
-    if dtype == torch.float32:
-        return False  # already float32
-    return flag == "1" or (flag == "" and n not in VERIFIED_16BIT_BWD)
+    return dtype != torch.float32 and flag == "1"
 
 
 class ChunkGatedDeltaProductFunction(torch.autograd.Function):

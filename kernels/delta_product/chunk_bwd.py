@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..utils import autotune_configs, next_pow2
+from ..utils import autotune_configs, launch, next_pow2
 from .index import BL, ChunkTable
 
 
@@ -194,10 +194,18 @@ def chunk_dp_bwd_dv_local(q, k, G, do, tab: ChunkTable, scale: float, prec: str)
     NTOK, H, K = q.shape
     V = do.shape[-1]
     dv = k.new_empty(tab.NC, H, BL, V)
-    chunk_dp_bwd_kernel_dv_local[(tab.NC, H)](
-        q, k, G, do, dv, tab.chunk_bos, tab.chunk_len, scale, H=H, K=K, V=V, NH=tab.n, BT=max(16, tab.BT), BL=BL,
+    launch(chunk_dp_bwd_kernel_dv_local, (tab.NC, H),
+        q, k, G, do, dv, tab.chunk_bos, tab.chunk_len, scale, H=H, K=K, V=V, NH=tab.n, BT=tab.BT_TILE, BL=BL,
         BK=next_pow2(K), BV=min(64, next_pow2(V)), PREC=prec)
     return dv
+
+
+# The per-chunk gradient kernel's K and V tiles are at least 64 wide (masked past K, V). At head dim 32 its bf16
+# build raised an illegal memory access on the H200 in every config (Triton 3.6; issue 14: B=512, T=32, H=4 and
+# B=8, T=128, H=4), while float32 passed: the pattern of Triton's Hopper wgmma faults in multi-dot kernels with
+# 32-wide blocks (triton-lang/triton#10486, #11366). 64-wide tiles cost the d = 32 models (state tracking, where
+# this kernel is a small part of the step) up to twice this kernel's work and avoid that code path.
+DQKWG_MIN_TILE = 64
 
 
 def chunk_dp_bwd_dqkwg(q, k, v, beta, G, t, h, dh, v_new, dv_new, do, tab: ChunkTable, scale: float, use_g: bool,
@@ -207,8 +215,8 @@ def chunk_dp_bwd_dqkwg(q, k, v, beta, G, t, h, dh, v_new, dv_new, do, tab: Chunk
     V = v.shape[-1]
     dq, dk, dv, dbeta = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(beta)
     dg = q.new_empty(NTOK, H, dtype=torch.float32) if use_g else None
-    chunk_dp_bwd_kernel_dqkwg[(tab.NC, H)](
+    launch(chunk_dp_bwd_kernel_dqkwg, (tab.NC, H),
         q, k, v, beta, G, t, h, dh, v_new, dv_new, do, dq, dk, dv, dbeta, dg, tab.chunk_bos, tab.chunk_len, scale,
-        H=H, K=K, V=V, NH=tab.n, BT=max(16, tab.BT), BL=BL, BK=next_pow2(K), BV=min(64, next_pow2(V)), USE_G=use_g,
-        PREC=prec)
+        H=H, K=K, V=V, NH=tab.n, BT=tab.BT_TILE, BL=BL, BK=next_pow2(K, DQKWG_MIN_TILE), BV=DQKWG_MIN_TILE,
+        USE_G=use_g, PREC=prec)
     return dq, dk, dv, dbeta, dg

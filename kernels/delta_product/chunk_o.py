@@ -7,7 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..utils import autotune_configs, next_pow2
+from ..utils import autotune_configs, launch, next_pow2
 from .index import BL, ChunkTable
 
 
@@ -53,6 +53,6 @@ def chunk_dp_fwd_o(q, k, G, h, v_new, tab: ChunkTable, scale: float, prec: str):
     V = v_new.shape[-1]
     o = q.new_empty(NTOK, H, V)
     grid = lambda meta: (triton.cdiv(V, meta["BV"]), tab.NC, H)
-    chunk_dp_fwd_kernel_o[grid](q, k, G, h, v_new, o, tab.chunk_bos, tab.chunk_len, scale, H=H, K=K, V=V,
-                                NH=tab.n, BT=max(16, tab.BT), BL=BL, BK=next_pow2(K), PREC=prec)
+    launch(chunk_dp_fwd_kernel_o, grid, q, k, G, h, v_new, o, tab.chunk_bos, tab.chunk_len, scale, H=H, K=K, V=V,
+                                NH=tab.n, BT=tab.BT_TILE, BL=BL, BK=next_pow2(K), PREC=prec)
     return o

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..utils import autotune_configs, contiguous, next_pow2
+from ..utils import autotune_configs, contiguous, launch, next_pow2
 from .naive import check_inputs
 
 
@@ -77,7 +77,7 @@ def _fused_recurrent_fwd(q, k, v, g, beta, n, scale, initial_state, output_final
     o = q.new_empty(B, T, H, V)
     ht = q.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
     grid = lambda meta: (triton.cdiv(V, meta["BV"]), N * H)
-    fused_recurrent_dp_fwd_kernel[grid](
+    launch(fused_recurrent_dp_fwd_kernel, grid,
         q, k, v, g, beta, o, initial_state, ht, cu_seqlens, scale, T,
         H=H, K=K, V=V, NH=n, BK=next_pow2(K), USE_L2NORM=l2norm)
     return o, ht

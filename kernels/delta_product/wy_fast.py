@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..utils import autotune_configs, next_pow2
+from ..utils import autotune_configs, launch, next_pow2
 from .index import BL, ChunkTable
 
 
@@ -211,7 +211,7 @@ def chunk_dp_fwd_prepare(k, v, beta, g, tab: ChunkTable, prec: str, store_t: boo
     gamma = k.new_empty(tab.NC, H, dtype=torch.float32)
     G = k.new_empty(tab.NC, H, BL, dtype=torch.float32)
     t = k.new_empty(tab.NC, H, BL, BL) if store_t else None
-    chunk_dp_fwd_kernel_prepare[(tab.NC, H)](
+    launch(chunk_dp_fwd_kernel_prepare, (tab.NC, H),
         k, v, beta, g, w, u, kd, gamma, G, t, tab.chunk_bos, tab.chunk_len, H=H, K=K, V=V, NH=tab.n, BL=BL,
         BK=next_pow2(K), BV=min(64, next_pow2(V)), USE_G=g is not None, PREC=prec,
         FAST_INV=k.dtype in FAST_INV_DTYPES)
