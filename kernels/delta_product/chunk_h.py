@@ -24,10 +24,10 @@ def _configs():
 @triton.heuristics({"USE_INITIAL_STATE": lambda a: a["h0"] is not None,
                     "STORE_FINAL_STATE": lambda a: a["ht"] is not None})
 @triton.autotune(configs=_configs(), key=["H", "K", "V", "BK", "PREC"])
-@triton.jit
+@triton.jit(do_not_specialize=["H"])  # H is a runtime stride: one binary for every head count
 def chunk_dp_fwd_kernel_h(
     w, u, kd, gamma, h0, h, v_new, ht, seq_chunks,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BL: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    H, K: tl.constexpr, V: tl.constexpr, BL: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     PREC: tl.constexpr, USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
@@ -63,10 +63,10 @@ def chunk_dp_fwd_kernel_h(
 @triton.heuristics({"USE_FINAL_STATE_GRAD": lambda a: a["dht"] is not None,
                     "STORE_INITIAL_STATE_GRAD": lambda a: a["dh0"] is not None})
 @triton.autotune(configs=_configs(), key=["H", "K", "V", "NH", "BK", "PREC"])
-@triton.jit
+@triton.jit(do_not_specialize=["H"])  # H is a runtime stride: one binary for every head count
 def chunk_dp_bwd_kernel_dh(
     q, do, w, kd, gamma, G, dv_loc, dht, dh, dv_new, dh0, chunk_bos, chunk_len, seq_chunks, scale,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, BT: tl.constexpr, BL: tl.constexpr,
+    H, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, BT: tl.constexpr, BL: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, USE_FINAL_STATE_GRAD: tl.constexpr,
     STORE_INITIAL_STATE_GRAD: tl.constexpr,
 ):

@@ -25,10 +25,10 @@ from .naive import check_inputs
                                            ((16, 1), (16, 2), (32, 2), (32, 4), (64, 4))], default={"BV": 32},
                                           warps=2),
                  key=["H", "K", "V", "NH", "BK", "USE_L2NORM"])
-@triton.jit(do_not_specialize=["T"])
+@triton.jit(do_not_specialize=["T", "H"])
 def fused_recurrent_dp_fwd_kernel(
     q, k, v, g, beta, o, h0, ht, cu_seqlens, scale, T,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    H, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_L2NORM: tl.constexpr, USE_G: tl.constexpr, USE_INITIAL_STATE: tl.constexpr,
     STORE_FINAL_STATE: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):
