@@ -312,6 +312,11 @@ def worker(spec: str) -> int:
     c = json.loads(spec)
     if not _has_cuda():
         os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: the CPU runs the kernels in numpy
+    # dpx's autotuners are built (at import) without on-disk autotune results, so each case runs every config at
+    # its own shape, as a user's first call does; fla's, built after, share results between the cases of this run
+    # (fla is the error anchor, and its autotuning takes minutes)
+    import dpx.kernels.delta_product.chunk, dpx.kernels.delta_product.fused_recurrent  # noqa: E401,F401
+    os.environ["TRITON_CACHE_AUTOTUNING"] = "1"
     try:
         row = run_case(c)
         try:
@@ -414,7 +419,7 @@ def main():
         sys.exit(worker(a.case))
     if a.no_fla:
         os.environ["DPX_CHECK_NO_FLA"] = "1"
-    os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")  # processes of this run share autotune results
+    os.environ.pop("TRITON_CACHE_AUTOTUNING", None)  # every case autotunes dpx's kernels afresh, as a user's run
     cases, notes = matrix_cases(), []
     if not a.no_recipes:
         rc_, notes = recipe_cases()
