@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 import zlib
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +49,9 @@ def case(kind="chunk", dtype="bfloat16", n=2, K=64, V=None, H=2, B=2, T=300, gat
     V = K if V is None else V
     c = dict(kind=kind, dtype=dtype, n=n, K=K, V=V, H=H, B=B, T=T, gate=gate, cu=cu, h0=h0, ht=ht, bwd=bwd,
              beta_max=beta_max, source=source, evals=[list(e) for e in evals])
-    c["fla"] = (dtype != "float32" and gate == "none" and kind == "chunk") if fla is None else fla
+    # fla as the anchor where its kernels run and autotune in reasonable time (at head dim 32 its first-call
+    # autotuning outlasted a 240-s case limit with 16 cases sharing the machine)
+    c["fla"] = (dtype != "float32" and gate == "none" and kind == "chunk" and K in (64, 128)) if fla is None else fla
     cu_s = "" if cu is None else f" cu={len(cu) - 1}seg"
     st = ("h0" if h0 else "") + ("+ht" if ht else "")
     ev = "".join(f" +fwd {b}x{t}" for b, t in c["evals"])
@@ -188,7 +190,9 @@ def _rel(out, ref):
     out, ref = out.detach().double(), ref.detach().double()
     if not torch.isfinite(out).all():
         return float("inf")
-    floor = 1e-4 * math.sqrt(ref.numel())  # an RMS floor: outputs that are ~0 (gates of -60) are not relative
+    # an RMS floor of 1e-3: outputs that are ~0 (dg and dh0 under gates of -20..-60, sums of O(1) terms that cancel
+    # to ~1e-9) are compared in absolute terms, so float32 rounding of the cancelling terms is not a relative error
+    floor = 1e-3 * math.sqrt(ref.numel())
     return float((out - ref).norm() / max(float(ref.norm()), floor))
 
 
@@ -337,7 +341,7 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def _spawn(c, env_extra=None, timeout=240):
+def _spawn(c, env_extra=None, timeout=200):
     env = dict(os.environ, PYTHONUNBUFFERED="1", **(env_extra or {}))
     t0 = time.time()
     try:
@@ -383,12 +387,18 @@ def check_one(c) -> dict:
         row.update(res["row"])
         row["status"], row["bad"] = judge(c, res["row"])
         return row
-    row["status"], row["error"] = "fault" if "illegal" in res["error"].lower() or res["rc"] < 0 else "error", \
-        res["error"]
+    err = res["error"]
+    row["status"], row["error"] = ("timeout" if res["rc"] == -9 else "fault" if "illegal" in err.lower() or
+                                   "cuda error" in err.lower() else "error"), err
+    if row["status"] == "timeout":
+        return row
     # locate: blocking launches name the kernel; then each of its autotune configs alone
     loc = _spawn(c, {"CUDA_LAUNCH_BLOCKING": "1", "DPX_KERNEL_SYNC": "1"})
     row["fault_kernel"] = loc.get("fault_kernel")
     row["blocking_rerun"] = "pass" if "row" in loc else loc.get("error", "")[:300]
+    if "row" in loc:  # gone under blocking launches: is it reproducible at all, as the user's run had it?
+        again = _spawn(c)
+        row["plain_rerun"] = "pass" if "row" in again else again.get("error", "")[:300]
     k = row["fault_kernel"]
     with _LOCK:
         first = k is not None and k not in _BISECTED
@@ -431,29 +441,42 @@ def main():
             print(c["id"])
         print(f"{len(cases)} cases", *notes, sep="\n")
         return
-    # the shapes that faulted before (issue 14: 16-bit head dim 32, n_h = 3) first, so a budget-capped run sees them
-    cases.sort(key=lambda c: (0 if c["K"] == 32 and c["dtype"] != "float32" else 1 if c["n"] == 3 else 2))
+    # the slowest cases first (fla's autotuning, long sequences), then the shapes that faulted before (issue 14:
+    # 16-bit head dim 32, n_h = 3, head dim 85), so the run's tail is short and a budget-capped run sees them
+    cases.sort(key=lambda c: (0 if c["fla"] or c["T"] >= 8192 or c["evals"] else
+                              1 if c["K"] in (32, 85) or c["n"] == 3 else 2))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    rows = []
+
     def one(c):
         if a.budget_s and time.time() - t0 > a.budget_s:
             return dict(c, status="not_run", error=f"budget of {a.budget_s:g} s spent")
         return check_one(c)
 
+    rows = []
+    stream = open(out / f"{a.name}_rows.jsonl", "w")  # one line per finished case: a killed run keeps its rows
     with ThreadPoolExecutor(a.jobs) as pool:
-        for i, row in enumerate(pool.map(one, cases)):
+        futs = [pool.submit(one, c) for c in cases]
+        for fut in as_completed(futs):
+            row = fut.result()
             rows.append(row)
+            stream.write(json.dumps(row, default=str) + "\n")
+            stream.flush()
             bad = "; ".join(row.get("bad") or []) or row.get("error", "")
-            print(f"[{i + 1}/{len(cases)} {time.time() - t0:5.0f}s] {row['status']:5} {row['id']}"
-                  f"{'  ' + bad if bad else ''}{'  kernel=' + str(row.get('fault_kernel')) if row.get('fault_kernel') else ''}",
+            print(f"[{len(rows)}/{len(cases)} {time.time() - t0:5.0f}s] {row['status']:7} {row['id']}"
+                  f"{'  ' + bad if bad else ''}"
+                  f"{'  kernel=' + str(row.get('fault_kernel')) if row.get('fault_kernel') else ''}"
+                  f"{'  blocking rerun: ' + str(row.get('blocking_rerun'))[:80] if 'blocking_rerun' in row else ''}",
                   flush=True)
+    order = {c["id"]: i for i, c in enumerate(cases)}
+    rows.sort(key=lambda r: order[r["id"]])
     import torch, triton
     summary = {"cases": len(rows), "pass": sum(r["status"] == "pass" for r in rows),
                "fail": sum(r["status"] == "fail" for r in rows), "fault": sum(r["status"] == "fault" for r in rows),
                "error": sum(r["status"] == "error" for r in rows),
-               "not_run": sum(r["status"] == "not_run" for r in rows), "wall_s": round(time.time() - t0, 1),
+               "not_run": sum(r["status"] == "not_run" for r in rows),
+               "timeout": sum(r["status"] == "timeout" for r in rows), "wall_s": round(time.time() - t0, 1),
                "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
                "torch": torch.__version__, "triton": triton.__version__, "tolerances": TOL, "fla_factor": FLA_FACTOR,
                "commit": _git("rev-parse", "--short", "HEAD"), "dirty": bool(_git("status", "--porcelain")),
@@ -474,7 +497,8 @@ def _git(*args) -> str:
 
 def markdown(summary, rows) -> str:
     lines = [f"GPU acceptance check: {summary['pass']}/{summary['cases']} pass, {summary['fail']} fail, "
-             f"{summary['fault']} fault, {summary['error']} error; {summary['device']}, torch {summary['torch']}, "
+             f"{summary['fault']} fault, {summary['error']} error, {summary['timeout']} timeout, "
+             f"{summary['not_run']} not run; {summary['device']}, torch {summary['torch']}, "
              f"Triton {summary['triton']}, commit {summary['commit']}, {summary['date']}, {summary['wall_s']} s", "",
              "| case | status | worst output (rel. err) | fla worst | backward | detail |", "|---|---|---|---|---|---|"]
     for r in rows:

@@ -175,5 +175,17 @@ def chunk_gated_delta_product(
     tab = chunk_table(B, T, num_householder, q.device, cu_seqlens, cu_seqlens_cpu)
     if g is not None:
         g = g.float()
-    return ChunkGatedDeltaProductFunction.apply(q, k, v, g, beta, initial_state, tab, scale, output_final_state,
-                                                cu_seqlens)
+    V = v.shape[-1]
+    Kp, Vp = next_pow2(K), next_pow2(V)
+    if (Kp, Vp) == (K, V):
+        return ChunkGatedDeltaProductFunction.apply(q, k, v, g, beta, initial_state, tab, scale, output_final_state,
+                                                    cu_seqlens)
+    # Head dims that are not a power of two (Table 3's head-dim matching gives 85) run zero-padded to the tile
+    # width, which the kernels use anyway (BK = next power of two): no tile is then masked along K or V. The
+    # bf16 n_h = 3 head dim 85 case raised an illegal memory access on the H200 (Triton 3.6, issue 14) in a
+    # masked-K build; zero columns change no product (q.k, k.k, the state's padded rows and columns stay 0)
+    pad = torch.nn.functional.pad
+    q, k, v = pad(q, (0, Kp - K)), pad(k, (0, Kp - K)), pad(v, (0, Vp - V))
+    h0 = None if initial_state is None else pad(initial_state, (0, Vp - V, 0, Kp - K))
+    o, ht = ChunkGatedDeltaProductFunction.apply(q, k, v, g, beta, h0, tab, scale, output_final_state, cu_seqlens)
+    return o[..., :V], (None if ht is None else ht[..., :K, :V])
