@@ -265,31 +265,47 @@ def cancel(recipe: str = typer.Argument(..., help="recipe file or name"), worksp
 # ---- results ------------------------------------------------------------------------------------------------
 @app.command()
 def query(sql: str = typer.Argument(..., help="SQL over tables trials, metrics, summary, curves, views"),
-          fmt: str = typer.Option("table", "--format", help="table | csv | json"),
+          fmt: str = typer.Option("table", "--format", help="table | csv | json | parquet (parquet needs --out)"),
+          out_file: Optional[str] = typer.Option(None, "--out", help="write the rows to FILE (outside the workspace)"),
           workspace: Optional[str] = WS_OPT):
-    """SQL over the results (DuckDB), rebuilt from the run dirs when they changed."""
+    """SQL over the results (DuckDB, read-only, no file access), rebuilt from the run dirs when they changed."""
+    from . import export
     from .results import refresh_duckdb
 
     ws = _ws(workspace, must_exist=True)
+    if fmt not in export.FORMATS:
+        _fail(f"--format: {fmt!r} is not one of {', '.join(export.FORMATS)}")
+    try:
+        dest = export.check_out(out_file, ws.root, fmt) if out_file else None
+    except RecipeError as e:
+        _fail(e.line())
+    if fmt == "parquet" and dest is None:
+        _fail("--format parquet: needs --out FILE")
     db = refresh_duckdb(ws)
     from dpx.registry import query as rq
+    from dpx.registry.db import query_arrow
 
     try:
-        cols, rows = rq(db, sql)
+        if fmt == "parquet":
+            n = export.write_export(dest, fmt, arrow_table=query_arrow(db, sql))
+        else:
+            cols, rows = rq(db, sql)
+            n = export.write_export(dest, fmt, cols, rows) if dest else None
     except Exception as e:  # noqa: BLE001 — SQL errors are user input errors
         _fail(f"query: {str(e).splitlines()[0]}")
+    if dest is not None:
+        out.print(f"{n} row(s) written to {escape(str(dest))}")
+        return
     _print_rows(cols, rows, fmt)
 
 
 def _print_rows(cols: list[str], rows: list, fmt: str) -> None:
-    if fmt == "json":
-        print(json.dumps([dict(zip(cols, r)) for r in rows], default=str))
-    elif fmt == "csv":
-        import csv
+    from . import export
 
-        w = csv.writer(sys.stdout)
-        w.writerow(cols)
-        w.writerows(rows)
+    if fmt == "json":
+        print(export.to_json(cols, rows))  # strict JSON: NaN/Infinity as null
+    elif fmt == "csv":
+        sys.stdout.write(export.to_csv(cols, rows))
     else:
         t = Table()
         for c in cols:
