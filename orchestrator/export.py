@@ -8,6 +8,7 @@ JSON is strict: NaN and ±Infinity (which `json.dumps` would print bare, and no 
 from __future__ import annotations
 
 import csv
+import decimal
 import io
 import json
 import math
@@ -21,6 +22,8 @@ FORMATS = ("table", "csv", "json", "parquet")
 
 
 def _clean(v: Any) -> Any:
+    if isinstance(v, decimal.Decimal):  # SQL literals such as 1.5 are DECIMAL: a number, not a string
+        v = float(v)
     if isinstance(v, float) and not math.isfinite(v):
         return None
     if isinstance(v, dict):
