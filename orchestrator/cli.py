@@ -245,8 +245,8 @@ def cancel(recipe: str = typer.Argument(..., help="recipe file or name"), worksp
     store = StateStore(ws.state_db)
     name = _recipe_name(recipe)
     subs = [s for s in store.submissions(name) if s["state"] in ("starting", "running")]
-    for s in subs:
-        store.update_submission(s["id"], state="cancelling")
+    for s in subs:  # compare-and-set: a submission that ended meanwhile keeps its final state
+        store.update_submission(s["id"], expect_state=("starting", "running"), state="cancelling")
     live = [s for s in subs if driver_alive(s) or s["state"] == "starting"]
     if not live:  # no driver to do it: cancel pending trials here
         with store.tx() as c:

@@ -179,8 +179,10 @@ class Driver:
 
     # ---- main loop --------------------------------------------------------------------------------------------
     def run(self) -> None:
-        self.store.update_submission(self.sub_id, state="running", driver_pid=os.getpid(),
-                                     driver_host=socket.gethostname(), heartbeat=time.time())
+        # compare-and-set: a `dpx cancel` that came before this driver got here stays `cancelling` (issue 16)
+        self.store.update_submission(self.sub_id, expect_state=("starting",), state="running")
+        self.store.update_submission(self.sub_id, driver_pid=os.getpid(), driver_host=socket.gethostname(),
+                                     heartbeat=time.time())
         self._setup_tracking()
         beat = 0.0
         final_state = "done"
