@@ -37,6 +37,13 @@ def _ws(path: Optional[str], must_exist: bool = False):
     from .workspace import Workspace
 
     ws = Workspace.resolve(path)
+    if ws.root.exists() and not ws.root.is_dir():
+        _fail(f"{ws.root}: not a folder (--workspace and $DPX_WORKSPACE name a workspace folder)")
+    from .repair import check
+
+    problem = check(ws)  # a damaged state store: one line; a deleted one is rebuilt from the run dirs
+    if problem:
+        _fail(problem)
     if must_exist and not ws.exists:
         _fail(f"{ws.root}: no dpx workspace here yet (run `dpx submit RECIPE` first, or pass --workspace)")
     return ws
@@ -419,6 +426,21 @@ def sync(workspace: Optional[str] = WS_OPT):
     db = refresh_duckdb(ws, force=True)
     out.print(f"MLflow: {n} trial run(s) synced, {closed} parent run(s) of dead drivers closed; DuckDB rebuilt at "
               f"{escape(str(db))}")
+
+
+@app.command()
+def repair(workspace: Optional[str] = WS_OPT):
+    """Rebuild the state store from the run dirs after state.db was lost or damaged (completed trials stay done;
+    their MLflow runs are found again, not duplicated)."""
+    from .repair import repair_command
+    from .workspace import Workspace
+
+    ws = Workspace.resolve(workspace)
+    if ws.root.exists() and not ws.root.is_dir():
+        _fail(f"{ws.root}: not a folder (--workspace and $DPX_WORKSPACE name a workspace folder)")
+    if not ws.runs.is_dir():
+        _fail(f"{ws.root}: no run dirs to rebuild from ({ws.runs} does not exist)")
+    repair_command(ws, out)
 
 
 @app.command()

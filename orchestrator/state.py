@@ -17,6 +17,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from .repair import adopt_finished
+
 STATUSES = ("pending", "running", "completed", "failed", "cancelled")
 # new status -> the states it may come from (set_trial's compare-and-set when no expect_status is given)
 TRANSITIONS = {
@@ -118,6 +120,7 @@ class StateStore:
                      now, now, now))
                 counts["new" if cur.rowcount else "existing"] += 1
                 if cur.rowcount:
+                    adopt_finished(c, recipe, t.trial_id, run_dir_of(t))  # its run dir says completed: never rerun
                     c.execute("INSERT INTO events (time, recipe, trial_id, kind, detail) VALUES (?,?,?,?,?)",
                               (now, recipe, t.trial_id, "created", sub_id))
                 c.execute("INSERT OR IGNORE INTO submission_trials VALUES (?,?,?,?)", (sub_id, recipe, t.trial_id, seq))

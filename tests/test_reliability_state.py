@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from test_reliability_faults import attempts_in_log, submissions, trials
+from test_reliability_faults import attempts_in_log, mlflow_template, submissions, trials  # noqa: F401 (fixture)
 
 
 def _recipe(tmp_path: Path, n: int, name: str = "race", steps: int = 0) -> Path:
@@ -67,3 +67,109 @@ def test_cancel_before_the_driver_starts_is_not_overwritten(tmp_path, dpx):
     assert all(v["attempts"] == 0 for v in t.values())
     assert sum(attempts_in_log(ws.run_dir("race", tid)) for tid in t) == 0
     assert [s["state"] for s in submissions(ws.root)] == ["cancelled"]
+
+
+def _child_runs(ws: Path, exp: str) -> list:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{ws / 'mlflow.db'}")
+    e = client.get_experiment_by_name(exp)
+    return client.search_runs([e.experiment_id], filter_string="tags.`dpx.kind` = 'trial'", max_results=1000)
+
+
+def _one_line_repair(r) -> None:
+    assert r.returncode == 2, (r.returncode, r.stdout[-1000:], r.stderr[-1000:])
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "dpx repair" in lines[0] and "Traceback" not in r.stderr, r.stderr
+
+
+def test_lost_state_store_rebuilt_from_run_dirs(tmp_path, dpx, mlflow_template):  # noqa: F811
+    """state.db deleted, emptied, truncated to half, overwritten: a completed trial is never run again and never
+    gets a second MLflow child run. Deleted: the next command rebuilds it from the run dirs. Damaged: `status`,
+    `query`, `submit` say in one line to run `dpx repair` (exit 2, nothing run); `dpx repair` keeps the damaged
+    file aside, rebuilds the store, and MLflow's child runs are found again by their tag, not duplicated. Once a
+    `submit` into a fresh store counted all trials "new" and re-ran every one (80 child runs for 40 trials)."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    import shutil
+
+    shutil.copy(mlflow_template, ws / "mlflow.db")
+    recipe = _recipe(tmp_path, 6, name="lost")
+    r = dpx("submit", str(recipe), "--wait", ws=ws, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    ids = set(trials(ws))
+    assert len(ids) == 6 and len(_child_runs(ws, "lost")) == 6
+
+    def unchanged():
+        t = trials(ws)
+        assert set(t) == ids and {v["status"] for v in t.values()} == {"completed"}
+        assert all(attempts_in_log(ws / "runs" / "lost" / tid) == 1 for tid in ids)  # ran once, all told
+        runs = _child_runs(ws, "lost")
+        assert len(runs) == 6 and len({x.data.tags["dpx.trial_id"] for x in runs}) == 6
+
+    def rm_store():
+        for s in ("", "-wal", "-shm"):
+            Path(f"{ws / 'state.db'}{s}").unlink(missing_ok=True)
+
+    # 1. deleted: rebuilt by the next command; submit runs nothing
+    rm_store()
+    r = dpx("submit", str(recipe), ws=ws)
+    assert r.returncode == 0 and "0 to run" in r.stdout, r.stdout + r.stderr
+    unchanged()
+    r = dpx("sync", ws=ws)
+    assert r.returncode == 0, r.stderr
+    unchanged()
+
+    # 2. emptied, 3. truncated to half, 4. overwritten by other bytes: one line, then `dpx repair`
+    def empty():
+        rm_store()
+        (ws / "state.db").write_bytes(b"")
+
+    def half():
+        data = (ws / "state.db").read_bytes()
+        rm_store()
+        (ws / "state.db").write_bytes(data[: len(data) // 2])
+
+    def garbage():
+        rm_store()
+        (ws / "state.db").write_text("x\n")
+
+    for damage in (empty, half, garbage):
+        dpx("status", ws=ws)  # checkpoints the WAL into state.db so that `half` cuts real pages
+        damage()
+        every = (("status",), ("query", "SELECT 1"), ("submit", str(recipe)), ("cancel", "lost"))
+        for args in every if damage is half else every[:1]:
+            _one_line_repair(dpx(*args, ws=ws))
+        r = dpx("repair", ws=ws)
+        assert r.returncode == 0 and "6 trial(s) rebuilt" in r.stdout and "6 completed" in r.stdout, \
+            r.stdout + r.stderr
+        assert list(ws.glob("state.db.damaged-*")), damage.__name__
+        r = dpx("submit", str(recipe), ws=ws)
+        assert r.returncode == 0 and "0 to run" in r.stdout, r.stdout + r.stderr
+        unchanged()
+        for p in ws.glob("state.db.damaged-*"):
+            p.unlink()
+
+
+def test_submit_adopts_trials_whose_run_dir_says_completed(tmp_path):
+    """A trial new to the store (its row lost) whose run dir holds its completed result.json is registered as
+    completed by add_submission, never pending (unit level, real SQLite and run dirs)."""
+    import json
+
+    from dpx.orchestrator.state import StateStore
+    from dpx.orchestrator.trials import expand
+
+    ex = expand(_recipe(tmp_path, 3, name="adopt"))
+    done = ex.trials[0]
+    d = tmp_path / "runs" / done.trial_id
+    d.mkdir(parents=True)
+    (d / "result.json").write_text(json.dumps({"trial_id": done.trial_id, "status": "completed", "attempt": 2,
+                                               "metrics": {"score": 1.0}, "started_at": 1.0, "ended_at": 2.0}))
+    other = tmp_path / "runs" / ex.trials[1].trial_id  # a result of another trial id: not adopted
+    other.mkdir(parents=True)
+    (other / "result.json").write_text(json.dumps({"trial_id": "someoneelse", "status": "completed"}))
+    store = StateStore(tmp_path / "state.db")
+    store.add_submission("s", ex.recipe, "f", [], "local", ex.trials, lambda t: tmp_path / "runs" / t.trial_id)
+    got = {r["trial_id"]: (r["status"], r["attempts"]) for r in store.trials()}
+    assert got[done.trial_id] == ("completed", 2)
+    assert got[ex.trials[1].trial_id] == ("pending", 0) and got[ex.trials[2].trial_id] == ("pending", 0)
