@@ -62,11 +62,13 @@ def _recipe_name(arg: str) -> str:
     """A recipe argument may be a file (its `name:` wins) or a bare name."""
     p = Path(arg)
     if p.suffix in (".yaml", ".yml") and p.exists():
-        import yaml
+        from .limits import load_yaml, read_recipe_text
 
-        try:
-            data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError:
+        try:  # bounded: a FIFO, /dev/zero or an alias bomb named x.yaml is one line, not a hang
+            data = load_yaml(read_recipe_text(p, arg), arg) or {}
+        except RecipeError as e:
+            if not e.reason.startswith("invalid YAML"):
+                _fail(e.line())
             data = {}
         return str(data.get("name") or p.stem) if isinstance(data, dict) else p.stem
     return arg
@@ -83,8 +85,13 @@ def _fmt(v) -> str:
 def expand(recipe: str = typer.Argument(..., help="recipe YAML file"),
            overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides; scale=NAME"),
            fmt: str = typer.Option("table", "--format", help="table | json | ids"),
-           limit: int = typer.Option(50, help="rows shown in the table (0: all)")):
+           limit: int = typer.Option(50, help="rows shown in the table (0: all)"),
+           max_trials: Optional[int] = typer.Option(None, "--max-trials", help="allow grids above 100,000 trials"),
+):
     """Print the trial grid (count, trial ids, the axes that vary). Runs nothing, writes nothing."""
+    from .limits import set_max_trials
+
+    set_max_trials(max_trials)
     t0 = time.perf_counter()
     ex = _expand(recipe, overrides or [])
     dt = time.perf_counter() - t0
@@ -186,8 +193,12 @@ def _wait_driver(ws, store, sub_id: str, limit_s: float = 900) -> None:
 def submit(recipe: str = typer.Argument(..., help="recipe YAML file"),
            overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides; scale=NAME"),
            wait: bool = typer.Option(False, "--wait", help="show live progress until the grid finishes"),
+           max_trials: Optional[int] = typer.Option(None, "--max-trials", help="allow grids above 100,000 trials"),
            workspace: Optional[str] = WS_OPT):
     """Expand RECIPE and run its trials in the background (completed trials never run again)."""
+    from .limits import set_max_trials
+
+    set_max_trials(max_trials)
     _submit(recipe, overrides or [], wait, workspace, rerun_failed=False)
 
 
@@ -196,8 +207,12 @@ def rerun(recipe: str = typer.Argument(..., help="recipe YAML file"),
           overrides: Optional[List[str]] = typer.Argument(None),
           failed: bool = typer.Option(False, "--failed", help="run failed, cancelled and missing trials again"),
           wait: bool = typer.Option(False, "--wait"),
+          max_trials: Optional[int] = typer.Option(None, "--max-trials", help="allow grids above 100,000 trials"),
           workspace: Optional[str] = WS_OPT):
     """Run failed (and missing) trials of RECIPE again; completed trials are left alone."""
+    from .limits import set_max_trials
+
+    set_max_trials(max_trials)
     if not failed:
         _fail("say what to rerun: `dpx rerun RECIPE --failed`")
     _submit(recipe, overrides or [], wait, workspace, rerun_failed=True)
@@ -373,6 +388,10 @@ def report(recipe: str = typer.Argument(..., help="recipe file or name"),
 
     ws = _ws(workspace, must_exist=True)
     name = _recipe_name(recipe)
+    from .limits import NAME_RE
+
+    if out_html is None and not NAME_RE.fullmatch(name):  # it names a file under <workspace>/reports/
+        _fail(f"{recipe}: not a recipe name (letters, digits, '_', '.', '-'); pass a recipe file or name")
     db = refresh_duckdb(ws)
     from dpx.registry import NothingToReport
     from dpx.registry import report as rreport

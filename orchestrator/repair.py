@@ -57,7 +57,9 @@ def damage(ws) -> str | None:
     if p.stat().st_size == 0:
         return "empty" if _has_run_dirs(ws) else None
     try:
-        con = sqlite3.connect(f"file:{p}?mode=ro", uri=True, timeout=60)
+        # read-write but reading only: as the last connection it removes the -wal/-shm files on close (a read-only
+        # one would leave them behind), and a live driver's WAL is read, not replayed by us
+        con = sqlite3.connect(str(p), timeout=60)
         try:
             ok = con.execute("PRAGMA quick_check(1)").fetchone()[0]
             if ok != "ok":
