@@ -89,6 +89,8 @@ def settle(store: StateStore, row, out: Outcome, reason: str, max_retries: int, 
         status = "preempted"
     elif err and err.get("attempt") == attempt:
         error = err.get("error") or "failed"
+    elif not run_dir.is_dir():  # deleted under the running trial: say so, not "exited with code 1"
+        error = f"its run dir {run_dir} was deleted while the trial ran (no result could be written)"
     elif reason == "lost":
         error = f"worker lost: {out.detail or 'no result written'}"
     else:

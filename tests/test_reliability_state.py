@@ -173,3 +173,26 @@ def test_submit_adopts_trials_whose_run_dir_says_completed(tmp_path):
     got = {r["trial_id"]: (r["status"], r["attempts"]) for r in store.trials()}
     assert got[done.trial_id] == ("completed", 2)
     assert got[ex.trials[1].trial_id] == ("pending", 0) and got[ex.trials[2].trial_id] == ("pending", 0)
+
+
+def test_run_dir_deleted_while_the_trial_runs_says_so(tmp_path, dpx):
+    """The run dir removed under a running trial: the trial fails with "its run dir ... was deleted while the
+    trial ran", not "exited with code 1 before writing a result"; the other trial completes."""
+    import shutil
+
+    from test_reliability_faults import wait_for
+
+    ws = tmp_path / "ws"
+    p = tmp_path / "gone.yaml"
+    p.write_text("name: gone\ntask: {name: debug, steps: 20, sleep_s: 6}\ngrid: {task.value: [1, 2]}\n"
+                 "hardware: {cpus_per_trial: 1}\n")
+    r = dpx("submit", str(p), ws=ws)
+    assert r.returncode == 0, r.stderr
+    row = wait_for(lambda: next((v for v in trials(ws).values() if v["status"] == "running" and v["pid"]
+                                 and (Path(v["run_dir"]) / "metrics.jsonl").exists()), None), 180, "a running trial")
+    shutil.rmtree(row["run_dir"])
+    wait_for(lambda: all(v["status"] in ("completed", "failed") for v in trials(ws).values()), 240, "both trials")
+    t = trials(ws)
+    assert t[row["trial_id"]]["status"] == "failed"
+    assert "was deleted while the trial ran" in t[row["trial_id"]]["error"], t[row["trial_id"]]["error"]
+    assert [v["status"] for k, v in t.items() if k != row["trial_id"]] == ["completed"]
