@@ -166,6 +166,10 @@ class Driver:
             self._mlflow(close_orphan_parents, self.store, self.tracker, self.recipe, self.sub_id, True)
             self.forwarder = Forwarder(self.tracker, self.ws.state_db, self.recipe, self.exp_id, self.parent_id)
             self.forwarder.start()
+            from .results import unforwarded_of_dead_drivers  # what a killed driver left half-logged
+
+            for tid in unforwarded_of_dead_drivers(self.store, self.recipe, self.sub_id):
+                self.forwarder.put("final", tid)
         except Exception as e:  # noqa: BLE001
             print(f"[driver] MLflow unavailable, run dirs only (dpx sync later): {e}", flush=True)
             self.tracker = self.forwarder = None

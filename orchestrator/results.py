@@ -145,6 +145,23 @@ def refresh_duckdb(ws, force: bool = False) -> Path:
 
 
 # ---- MLflow sync ----------------------------------------------------------------------------------------------
+def unforwarded_of_dead_drivers(store: StateStore, recipe: str, me: str) -> list[str]:
+    """Trials of `recipe` that ended but whose MLflow run was never finished because the driver forwarding them
+    died (SIGKILL mid-forwarding) or because none ran them (a rebuilt store). A new driver forwards them at its
+    start (they once waited for a manual `dpx sync`, child runs left RUNNING)."""
+    out = []
+    alive: dict[str, bool] = {}
+    for r in store.q("SELECT trial_id, owner FROM trials WHERE recipe = ? AND mlflow_done = 0 AND "
+                     "status IN ('completed', 'failed', 'cancelled')", (recipe,)):
+        owner = r["owner"]
+        if owner not in alive:
+            sub = store.submission(owner) if owner else None
+            alive[owner] = owner == me or (sub is not None and driver_alive(sub))
+        if not alive[owner]:
+            out.append(r["trial_id"])
+    return out
+
+
 def sync_mlflow(ws) -> tuple[int, int]:
     """Log every finished trial that MLflow does not have complete yet (no driver reached it, or MLflow failed),
     after settling what dead drivers left running; then close their parent runs. Returns (trials synced, parent

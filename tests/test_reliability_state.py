@@ -196,3 +196,53 @@ def test_run_dir_deleted_while_the_trial_runs_says_so(tmp_path, dpx):
     assert t[row["trial_id"]]["status"] == "failed"
     assert "was deleted while the trial ran" in t[row["trial_id"]]["error"], t[row["trial_id"]]["error"]
     assert [v["status"] for k, v in t.items() if k != row["trial_id"]] == ["completed"]
+
+
+def test_next_driver_finishes_forwarding_a_killed_driver_left(tmp_path, dpx, mlflow_template):  # noqa: F811
+    """What a driver SIGKILLed while it still forwards finished trials to MLflow leaves: trials completed in the
+    store with mlflow_done = 0 and a part of their points logged, their child runs RUNNING, the submission
+    `running` under a dead pid, its parent run RUNNING. The next `dpx submit` (a grown grid) logs the rest of
+    each trial into its existing child run and finishes it, and closes the dead parent, without `dpx sync`
+    (the new driver once never logged them)."""
+    import shutil
+    import sqlite3
+
+    from mlflow.tracking import MlflowClient
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    shutil.copy(mlflow_template, ws / "mlflow.db")
+    p = tmp_path / "fwd.yaml"
+    p.write_text("name: fwd\ntask: {name: debug, steps: 5}\ngrid: {task.value: [1, 2, 3, 4]}\n")
+    r = dpx("submit", str(p), "--wait", ws=ws, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    client = MlflowClient(tracking_uri=f"sqlite:///{ws / 'mlflow.db'}")
+    runs = {x.data.tags["dpx.trial_id"]: x for x in _child_runs(ws, "fwd")}
+    assert len(runs) == 4
+    parent = submissions(ws)[0]["mlflow_parent_run_id"]
+    # the kill: 3 trials half-forwarded (child RUNNING, offset 0), the driver gone, its parent RUNNING
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    half = sorted(runs)[:3]
+    con = sqlite3.connect(ws / "state.db")
+    with con:
+        con.execute(f"UPDATE trials SET mlflow_done = 0, mlflow_offset = 0 WHERE trial_id IN "
+                    f"({','.join('?' for _ in half)})", half)
+        con.execute("UPDATE submissions SET state = 'running', driver_pid = ?, ended_at = NULL", (dead.pid,))
+    con.close()
+    for tid in half:
+        client.update_run(runs[tid].info.run_id, "RUNNING")
+    client.update_run(parent, "RUNNING")
+
+    p.write_text("name: fwd\ntask: {name: debug, steps: 5}\ngrid: {task.value: [1, 2, 3, 4, 5]}\n")
+    r = dpx("submit", str(p), "--wait", ws=ws, timeout=600)
+    assert r.returncode == 0 and "1 new" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    after = {x.data.tags["dpx.trial_id"]: x for x in _child_runs(ws, "fwd")}
+    assert len(after) == 5  # one child run per trial: the 3 reused, not duplicated
+    for tid in half:
+        assert after[tid].info.run_id == runs[tid].info.run_id and after[tid].info.status == "FINISHED", tid
+        hist = client.get_metric_history(after[tid].info.run_id, "loss")
+        assert sorted(m.step for m in hist) == sorted({m.step for m in hist}), "a duplicated point"
+    assert client.get_run(parent).info.status != "RUNNING"
+    assert all(v["mlflow_done"] == 1 for v in trials(ws).values())
+    assert all(attempts_in_log(Path(v["run_dir"])) == 1 for v in trials(ws).values())
