@@ -527,6 +527,12 @@ def main() -> None:
     except RecipeError as e:  # a config class raised outside the expansion path
         err.print(f"error: {escape(e.line())}", highlight=False, soft_wrap=True)
         sys.exit(2)
+    except (OSError, __import__("sqlite3").OperationalError) as e:  # a full disk, a vanished folder: one line
+        msg = " ".join(str(e).split()) or type(e).__name__
+        if "disk is full" in msg or "No space left" in msg or getattr(e, "errno", None) == 28:
+            msg = f"the disk is full: {msg}"
+        err.print(f"error: {escape(msg)}", highlight=False, soft_wrap=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -420,9 +420,13 @@ def main(argv: list[str] | None = None) -> int:
     d = Driver(ws, a.submission)
     try:
         d.run()
-    except Exception:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001
         traceback.print_exc()
-        d.store.update_submission(a.submission, state="crashed", ended_at=time.time())
+        print(f"[driver] crashed: {type(e).__name__}: {' '.join(str(e).split())[:300]}", flush=True)
+        try:
+            d.store.update_submission(a.submission, state="crashed", ended_at=time.time())
+        except Exception as e2:  # noqa: BLE001 — a full disk: `dpx status` still sees the driver is dead
+            print(f"[driver] could not record the crash either: {e2}", flush=True)
         return 1
     return 0
 

@@ -139,9 +139,23 @@ def refresh_duckdb(ws, force: bool = False) -> Path:
     # is_current: also rebuild a database an older dpx built (registry schema_version)
     if not force and running == 0 and is_current(ws.duckdb) and stamp.exists() and stamp.read_text() == key:
         return ws.duckdb
-    ingest(ws.duckdb, trial_records(ws, store))
-    stamp.write_text(key)
+    try:
+        ingest(ws.duckdb, trial_records(ws, store))
+        stamp.write_text(key)
+    except (OSError, duckdb_error()) as e:  # a full disk: answer from the last build, saying so (or one line)
+        why = " ".join(str(e).split())[:200]
+        if not is_current(ws.duckdb):
+            raise OSError(f"cannot build {ws.duckdb}: {why}") from None
+        import sys
+
+        print(f"note: {ws.duckdb} could not be rebuilt ({why}); answering from its last build", file=sys.stderr)
     return ws.duckdb
+
+
+def duckdb_error():
+    import duckdb
+
+    return duckdb.Error
 
 
 # ---- MLflow sync ----------------------------------------------------------------------------------------------

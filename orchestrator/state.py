@@ -89,7 +89,10 @@ class StateStore:
             yield self.conn
             self.conn.execute("COMMIT")
         except BaseException:
-            self.conn.execute("ROLLBACK")
+            try:  # a failed COMMIT (disk full) may have ended the transaction already: the ROLLBACK's own error
+                self.conn.execute("ROLLBACK")  # ("cannot rollback - no transaction is active") must not hide it
+            except sqlite3.Error:
+                pass
             raise
 
     def q(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:

@@ -246,3 +246,56 @@ def test_next_driver_finishes_forwarding_a_killed_driver_left(tmp_path, dpx, mlf
     assert client.get_run(parent).info.status != "RUNNING"
     assert all(v["mlflow_done"] == 1 for v in trials(ws).values())
     assert all(attempts_in_log(Path(v["run_dir"])) == 1 for v in trials(ws).values())
+
+
+def test_full_disk_is_one_line_and_the_store_stays_readable(tmp_path, dpx):
+    """A workspace on a filesystem that fills (a real 16 MB tmpfs; root only): after the disk is full, `status`
+    reads the store, `query` answers from the last DuckDB build with a note, and a `submit` that must write says
+    "the disk is full" in one line (the real error, not "cannot rollback"), no traceback; nothing is lost once
+    space is freed."""
+    import os
+    import subprocess as sp
+
+    import pytest
+
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    if os.geteuid() != 0 or sp.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)]).returncode:
+        pytest.skip("needs root to mount a small tmpfs")
+    try:
+        ws = mnt / "ws"
+        p = tmp_path / "full.yaml"
+        p.write_text("name: full\ntask: {name: debug, steps: 2}\ngrid: {task.value: [1, 2]}\n"
+                     "tracking: {enabled: false}\n")
+        r = dpx("submit", str(p), "--wait", ws=ws, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        q = dpx("query", "SELECT count(*) AS n FROM trials", "--format", "json", ws=ws)
+        assert q.returncode == 0 and '"n": 2' in q.stdout, q.stderr
+        metrics = ws / "runs" / "full" / next(iter(trials(ws))) / "metrics.jsonl"
+        fd = os.open(mnt / "filler", os.O_WRONLY | os.O_CREAT)  # fill the disk to the last byte
+        for size in (1 << 16, 1):
+            try:
+                while True:
+                    os.write(fd, b"\0" * size)
+            except OSError:
+                pass
+        os.close(fd)
+        r = dpx("status", ws=ws)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+        # a run dir changed (mtime): query wants a rebuild, cannot write it, answers from the last build
+        os.utime(metrics)
+        q = dpx("query", "SELECT count(*) AS n FROM trials", "--format", "json", ws=ws)
+        assert q.returncode == 0 and '"n": 2' in q.stdout and "could not be rebuilt" in q.stderr, q.stderr
+        p.write_text("name: full\ntask: {name: debug, steps: 2}\ngrid: {task.value: " + str(list(range(3, 400)))
+                     + "}\ntracking: {enabled: false}\n")
+        r = dpx("submit", str(p), ws=ws)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 1 and len(lines) == 1 and "disk is full" in lines[0], r.stderr
+        assert "rollback" not in r.stderr
+        (mnt / "filler").unlink()
+        t = trials(ws)
+        assert len(t) == 2 and {v["status"] for v in t.values()} == {"completed"}
+        r = dpx("status", ws=ws)
+        assert r.returncode == 0, r.stderr
+    finally:
+        sp.run(["umount", "-l", str(mnt)])
