@@ -20,6 +20,7 @@ from pathlib import Path
 
 from . import worker
 from .backends import Launch, Outcome, make_backend
+from .repair import file_id
 from .state import StateStore, pid_alive
 from .workspace import Workspace
 
@@ -126,6 +127,7 @@ class Driver:
         self.ws = ws
         self.sub_id = submission_id
         self.store = StateStore(ws.state_db)
+        self.store_file = file_id(ws.state_db)
         sub = self.store.submission(submission_id)
         if sub is None:
             raise SystemExit(f"no submission {submission_id}")
@@ -195,6 +197,11 @@ class Driver:
         while True:
             now = time.time()
             if now - beat > HEARTBEAT_S:
+                if file_id(self.ws.state_db) != self.store_file:  # deleted or replaced under us: writing on
+                    print(f"[driver] {self.ws.state_db} was deleted or replaced while this driver ran; stopping "
+                          "as if killed (its trials run on; the next command rebuilds the store from the run "
+                          "dirs and `dpx submit` adopts them)", flush=True)
+                    os._exit(3)  # into a file nobody reads would re-run or lose trials (issue 16)
                 sub = self.store.submission(self.sub_id)
                 if sub["state"] == "cancelling":
                     self._cancel_all()

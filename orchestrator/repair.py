@@ -90,6 +90,15 @@ def check(ws, heal_missing: bool = True) -> str | None:
             f"{ws.runs} (the damaged file is kept beside it)")
 
 
+def file_id(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of a file, None when it is gone: a driver notices its state.db deleted or replaced."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def _read(path: Path) -> dict | None:
     try:
         obj = json.loads(path.read_text())

@@ -299,3 +299,33 @@ def test_full_disk_is_one_line_and_the_store_stays_readable(tmp_path, dpx):
         assert r.returncode == 0, r.stderr
     finally:
         sp.run(["umount", "-l", str(mnt)])
+
+
+def test_state_db_deleted_under_a_live_driver(tmp_path, dpx):
+    """state.db deleted mid-grid: the live driver notices within a heartbeat and stops as if killed (it once went
+    on writing into the deleted file, re-ran completed trials and died); its trials run on. The next command
+    rebuilds the store from the run dirs, `dpx submit` adopts the running trials and runs the rest: every trial
+    completes and ran exactly once."""
+    from dpx.orchestrator.state import pid_alive
+    from test_reliability_faults import wait_for
+
+    ws = tmp_path / "ws"
+    p = tmp_path / "del.yaml"
+    p.write_text("name: del\ntask: {name: debug, steps: 4, sleep_s: 3}\ngrid: {task.value: [1, 2, 3, 4, 5, 6, 7, 8]}\n"
+                 "hardware: {cpus_per_trial: 1}\ntracking: {enabled: false}\n")
+    r = dpx("submit", str(p), ws=ws)
+    assert r.returncode == 0, r.stderr
+    wait_for(lambda: sum(v["status"] == "completed" for v in trials(ws).values()) >= 2
+             and any(v["status"] == "running" for v in trials(ws).values()), 300, "2 completed, 1 running")
+    drv = submissions(ws)[0]
+    for s in ("", "-wal", "-shm"):
+        Path(f"{ws / 'state.db'}{s}").unlink(missing_ok=True)
+    wait_for(lambda: not pid_alive(drv["driver_pid"]), 60, "the driver to stop")
+    assert "deleted or replaced" in (ws / "drivers" / f"{drv['id']}.log").read_text()
+    r = dpx("status", ws=ws)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    r = dpx("submit", str(p), "--wait", ws=ws, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    t = trials(ws)
+    assert len(t) == 8 and {v["status"] for v in t.values()} == {"completed"}, {k: v["status"] for k, v in t.items()}
+    assert [attempts_in_log(Path(v["run_dir"])) for v in t.values()] == [1] * 8  # each ran once, all told
