@@ -192,3 +192,9 @@ def test_query_over_many_trials(tmp_path, dpx, n):
     assert first == [{"n": n, "d": n, "s": float(sum(range(n)))}]
     assert again == [{"n": n, "e": 0}]
     assert r.returncode == 0
+    if n <= 5000:  # the driver's recipe figures and the report (they failed at 2,000+ trials too)
+        from dpx.registry import plots
+
+        plots.write_plots(ws / "results.duckdb", tmp_path / "figs", "load")
+        r = dpx("report", "load", "--out", str(tmp_path / "load.html"), ws=ws, timeout=600)
+        assert r.returncode == 0 and (tmp_path / "load.html").exists(), r.stderr[-2000:]
