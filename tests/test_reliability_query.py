@@ -79,11 +79,16 @@ def test_eval_extra_keys_differing_in_case_are_renamed_not_fatal(tmp_path, dpx):
     warning in `ingest_warnings`; both values are kept."""
     ws = tmp_path / "ws"
     make_finished_ws(ws, _grid(tmp_path, "upper", 2, "eval: {extra: {Foo: 1}}\n"))
-    make_finished_ws(ws, _grid(tmp_path, "lower", 2, "eval: {extra: {foo: 2}}\n"))
+    make_finished_ws(ws, _grid(tmp_path, "lower", 2, "eval: {extra: {foo: 2}}\n"),
+                     extra_result={0: {"Score": 5.0}})  # a summary key clashing in case with `score`
     got = _json(dpx("query", 'SELECT recipe, "eval__extra__Foo" AS a, "eval__extra__foo_2" AS b FROM trials '
                     "ORDER BY recipe", "--format", "json", ws=ws))
     assert sorted((g["recipe"], g["a"], g["b"]) for g in got) == [("lower", None, 2), ("lower", None, 2),
                                                                     ("upper", 1, None), ("upper", 1, None)]
+    # summary keys: the first in sorted order keeps its name (`Score`), the other is prefixed (`summary__score`)
+    got = _json(dpx("query", 'SELECT "Score" AS a, summary__score AS b FROM recipe_lower ORDER BY b', "--format", "json",
+                    ws=ws))
+    assert got == [{"a": 5.0, "b": 0.0}, {"a": None, "b": 1.0}]
     w = _json(dpx("query", "SELECT message FROM ingest_warnings", "--format", "json", ws=ws))
     assert any("differs only in case" in x["message"] for x in w)
     for args in (("sync",), ("compare", "table2"), ("report", "upper", "--out", str(tmp_path / "u.html")),
