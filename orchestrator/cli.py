@@ -37,6 +37,13 @@ def _ws(path: Optional[str], must_exist: bool = False):
     from .workspace import Workspace
 
     ws = Workspace.resolve(path)
+    if ws.root.exists() and not ws.root.is_dir():
+        _fail(f"{ws.root}: not a folder (--workspace and $DPX_WORKSPACE name a workspace folder)")
+    from .repair import check
+
+    problem = check(ws)  # a damaged state store: one line; a deleted one is rebuilt from the run dirs
+    if problem:
+        _fail(problem)
     if must_exist and not ws.exists:
         _fail(f"{ws.root}: no dpx workspace here yet (run `dpx submit RECIPE` first, or pass --workspace)")
     return ws
@@ -55,11 +62,13 @@ def _recipe_name(arg: str) -> str:
     """A recipe argument may be a file (its `name:` wins) or a bare name."""
     p = Path(arg)
     if p.suffix in (".yaml", ".yml") and p.exists():
-        import yaml
+        from .limits import load_yaml, read_recipe_text
 
-        try:
-            data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError:
+        try:  # bounded: a FIFO, /dev/zero or an alias bomb named x.yaml is one line, not a hang
+            data = load_yaml(read_recipe_text(p, arg), arg) or {}
+        except RecipeError as e:
+            if not e.reason.startswith("invalid YAML"):
+                _fail(e.line())
             data = {}
         return str(data.get("name") or p.stem) if isinstance(data, dict) else p.stem
     return arg
@@ -76,8 +85,13 @@ def _fmt(v) -> str:
 def expand(recipe: str = typer.Argument(..., help="recipe YAML file"),
            overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides; scale=NAME"),
            fmt: str = typer.Option("table", "--format", help="table | json | ids"),
-           limit: int = typer.Option(50, help="rows shown in the table (0: all)")):
+           limit: int = typer.Option(50, help="rows shown in the table (0: all)"),
+           max_trials: Optional[int] = typer.Option(None, "--max-trials", help="allow grids above 100,000 trials"),
+):
     """Print the trial grid (count, trial ids, the axes that vary). Runs nothing, writes nothing."""
+    from .limits import set_max_trials
+
+    set_max_trials(max_trials)
     t0 = time.perf_counter()
     ex = _expand(recipe, overrides or [])
     dt = time.perf_counter() - t0
@@ -179,8 +193,12 @@ def _wait_driver(ws, store, sub_id: str, limit_s: float = 900) -> None:
 def submit(recipe: str = typer.Argument(..., help="recipe YAML file"),
            overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides; scale=NAME"),
            wait: bool = typer.Option(False, "--wait", help="show live progress until the grid finishes"),
+           max_trials: Optional[int] = typer.Option(None, "--max-trials", help="allow grids above 100,000 trials"),
            workspace: Optional[str] = WS_OPT):
     """Expand RECIPE and run its trials in the background (completed trials never run again)."""
+    from .limits import set_max_trials
+
+    set_max_trials(max_trials)
     _submit(recipe, overrides or [], wait, workspace, rerun_failed=False)
 
 
@@ -189,8 +207,12 @@ def rerun(recipe: str = typer.Argument(..., help="recipe YAML file"),
           overrides: Optional[List[str]] = typer.Argument(None),
           failed: bool = typer.Option(False, "--failed", help="run failed, cancelled and missing trials again"),
           wait: bool = typer.Option(False, "--wait"),
+          max_trials: Optional[int] = typer.Option(None, "--max-trials", help="allow grids above 100,000 trials"),
           workspace: Optional[str] = WS_OPT):
     """Run failed (and missing) trials of RECIPE again; completed trials are left alone."""
+    from .limits import set_max_trials
+
+    set_max_trials(max_trials)
     if not failed:
         _fail("say what to rerun: `dpx rerun RECIPE --failed`")
     _submit(recipe, overrides or [], wait, workspace, rerun_failed=True)
@@ -245,8 +267,8 @@ def cancel(recipe: str = typer.Argument(..., help="recipe file or name"), worksp
     store = StateStore(ws.state_db)
     name = _recipe_name(recipe)
     subs = [s for s in store.submissions(name) if s["state"] in ("starting", "running")]
-    for s in subs:
-        store.update_submission(s["id"], state="cancelling")
+    for s in subs:  # compare-and-set: a submission that ended meanwhile keeps its final state
+        store.update_submission(s["id"], expect_state=("starting", "running"), state="cancelling")
     live = [s for s in subs if driver_alive(s) or s["state"] == "starting"]
     if not live:  # no driver to do it: cancel pending trials here
         with store.tx() as c:
@@ -265,31 +287,47 @@ def cancel(recipe: str = typer.Argument(..., help="recipe file or name"), worksp
 # ---- results ------------------------------------------------------------------------------------------------
 @app.command()
 def query(sql: str = typer.Argument(..., help="SQL over tables trials, metrics, summary, curves, views"),
-          fmt: str = typer.Option("table", "--format", help="table | csv | json"),
+          fmt: str = typer.Option("table", "--format", help="table | csv | json | parquet (parquet needs --out)"),
+          out_file: Optional[str] = typer.Option(None, "--out", help="write the rows to FILE (outside the workspace)"),
           workspace: Optional[str] = WS_OPT):
-    """SQL over the results (DuckDB), rebuilt from the run dirs when they changed."""
+    """SQL over the results (DuckDB, read-only, no file access), rebuilt from the run dirs when they changed."""
+    from . import export
     from .results import refresh_duckdb
 
     ws = _ws(workspace, must_exist=True)
+    if fmt not in export.FORMATS:
+        _fail(f"--format: {fmt!r} is not one of {', '.join(export.FORMATS)}")
+    try:
+        dest = export.check_out(out_file, ws.root, fmt) if out_file else None
+    except RecipeError as e:
+        _fail(e.line())
+    if fmt == "parquet" and dest is None:
+        _fail("--format parquet: needs --out FILE")
     db = refresh_duckdb(ws)
     from dpx.registry import query as rq
+    from dpx.registry.db import query_arrow
 
     try:
-        cols, rows = rq(db, sql)
+        if fmt == "parquet":
+            n = export.write_export(dest, fmt, arrow_table=query_arrow(db, sql))
+        else:
+            cols, rows = rq(db, sql)
+            n = export.write_export(dest, fmt, cols, rows) if dest else None
     except Exception as e:  # noqa: BLE001 — SQL errors are user input errors
         _fail(f"query: {str(e).splitlines()[0]}")
+    if dest is not None:
+        out.print(f"{n} row(s) written to {escape(str(dest))}")
+        return
     _print_rows(cols, rows, fmt)
 
 
 def _print_rows(cols: list[str], rows: list, fmt: str) -> None:
-    if fmt == "json":
-        print(json.dumps([dict(zip(cols, r)) for r in rows], default=str))
-    elif fmt == "csv":
-        import csv
+    from . import export
 
-        w = csv.writer(sys.stdout)
-        w.writerow(cols)
-        w.writerows(rows)
+    if fmt == "json":
+        print(export.to_json(cols, rows))  # strict JSON: NaN/Infinity as null
+    elif fmt == "csv":
+        sys.stdout.write(export.to_csv(cols, rows))
     else:
         t = Table()
         for c in cols:
@@ -350,6 +388,10 @@ def report(recipe: str = typer.Argument(..., help="recipe file or name"),
 
     ws = _ws(workspace, must_exist=True)
     name = _recipe_name(recipe)
+    from .limits import NAME_RE
+
+    if out_html is None and not NAME_RE.fullmatch(name):  # it names a file under <workspace>/reports/
+        _fail(f"{recipe}: not a recipe name (letters, digits, '_', '.', '-'); pass a recipe file or name")
     db = refresh_duckdb(ws)
     from dpx.registry import NothingToReport
     from dpx.registry import report as rreport
@@ -403,6 +445,21 @@ def sync(workspace: Optional[str] = WS_OPT):
     db = refresh_duckdb(ws, force=True)
     out.print(f"MLflow: {n} trial run(s) synced, {closed} parent run(s) of dead drivers closed; DuckDB rebuilt at "
               f"{escape(str(db))}")
+
+
+@app.command()
+def repair(workspace: Optional[str] = WS_OPT):
+    """Rebuild the state store from the run dirs after state.db was lost or damaged (completed trials stay done;
+    their MLflow runs are found again, not duplicated)."""
+    from .repair import repair_command
+    from .workspace import Workspace
+
+    ws = Workspace.resolve(workspace)
+    if ws.root.exists() and not ws.root.is_dir():
+        _fail(f"{ws.root}: not a folder (--workspace and $DPX_WORKSPACE name a workspace folder)")
+    if not ws.runs.is_dir():
+        _fail(f"{ws.root}: no run dirs to rebuild from ({ws.runs} does not exist)")
+    repair_command(ws, out)
 
 
 @app.command()
@@ -470,6 +527,12 @@ def main() -> None:
     except RecipeError as e:  # a config class raised outside the expansion path
         err.print(f"error: {escape(e.line())}", highlight=False, soft_wrap=True)
         sys.exit(2)
+    except (OSError, __import__("sqlite3").OperationalError) as e:  # a full disk, a vanished folder: one line
+        msg = " ".join(str(e).split()) or type(e).__name__
+        if "disk is full" in msg or "No space left" in msg or getattr(e, "errno", None) == 28:
+            msg = f"the disk is full: {msg}"
+        err.print(f"error: {escape(msg)}", highlight=False, soft_wrap=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -8,11 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from .errors import RecipeError, did_you_mean
+from .limits import check_recipe, load_yaml, read_recipe_text
 
 TOP_KEYS = ("name", "description", "version", "model", "task", "train", "eval", "hardware", "tracking", "grid",
             "seeds", "scales")
@@ -27,8 +27,10 @@ def parse_overrides(items: list[str], file: str) -> tuple[str | None, dict[str, 
         key, _, raw = item.partition("=")
         key = key.strip()
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError:
+            value = load_yaml(raw, file, key) if raw.strip() else ""  # bounded: no alias bomb from the shell either
+        except RecipeError as e:
+            if not e.reason.startswith("invalid YAML"):
+                raise
             value = raw
         if key == "scale":
             scale = str(value)
@@ -43,16 +45,7 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> dict:
     file = str(path)
     if not path.exists():
         raise RecipeError("no such recipe file", file)
-    try:
-        raw = yaml.safe_load(path.read_bytes().decode("utf-8"))
-    except OSError as e:  # a folder, unreadable, vanished
-        raise RecipeError(f"cannot read the recipe: {e.strerror or e}", file) from None
-    except UnicodeDecodeError as e:
-        raise RecipeError(f"not UTF-8 text (byte {e.start}: {e.object[e.start:e.start + 1]!r})", file) from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark else None
-        raise RecipeError(f"invalid YAML: {getattr(e, 'problem', e)}", file, where) from None
+    raw = load_yaml(read_recipe_text(path, file), file)  # regular file, size, depth, alias and duplicate-key caps
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -90,6 +83,7 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> dict:
         raise RecipeError(f"cannot apply the overrides: {type(e).__name__}: {e}", file) from None
     if scale is not None:
         out["scale"] = scale
+    check_recipe(out, file)  # names, seeds, NaN/inf, sizes, experiment name, grid size (limits.py)
     return out
 
 

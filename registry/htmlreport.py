@@ -93,11 +93,11 @@ def report(db_path: str | os.PathLike, recipe: str, out_html: str | os.PathLike)
     e = html.escape
     con = connect(db_path)
     try:
-        _, counts = _fetch(con, "SELECT status, count(*) FROM trials WHERE recipe = ? GROUP BY ALL ORDER BY 1",
+        _, counts = _fetch(con, "SELECT status, count(*) FROM trials WHERE trial_id IN (SELECT trial_id FROM trial_recipes WHERE recipe = ?) GROUP BY ALL ORDER BY 1",
                            [recipe])
         counts = dict(counts)
         if not counts:
-            _, known = _fetch(con, "SELECT DISTINCT recipe FROM trials ORDER BY 1", [])
+            _, known = _fetch(con, "SELECT DISTINCT recipe FROM trial_recipes ORDER BY 1", [])
             raise NothingToReport(f"recipe {recipe!r} has no trials in {db_path}; recipes there: "
                                   f"{', '.join(str(k[0]) for k in known) or 'none'}")
         if not counts.get("completed"):
@@ -111,12 +111,12 @@ def report(db_path: str | os.PathLike, recipe: str, out_html: str | os.PathLike)
         drop = {"size_label", "language", "dataset", "group_name", "host", "error", "beta_range"}
         keep = [i for i, c in enumerate(tcols) if "__" not in c and not (c in drop and all(r[i] is None for r in trows))]
         tcols, trows = [tcols[i] for i in keep], [tuple(r[i] for i in keep) for r in trows]
-        fcols, frows = _fetch(con, "SELECT trial_id, attempts, error, run_dir FROM trials WHERE recipe = ? AND "
+        fcols, frows = _fetch(con, "SELECT trial_id, attempts, error, run_dir FROM trials WHERE trial_id IN (SELECT trial_id FROM trial_recipes WHERE recipe = ?) AND "
                                    "status = 'failed' ORDER BY trial_id", [recipe])
         _, warns = _fetch(con, "SELECT w.trial_id, w.message FROM ingest_warnings w JOIN trials t USING (trial_id) "
-                               "WHERE t.recipe = ? ORDER BY 1", [recipe])
+                               "WHERE t.trial_id IN (SELECT trial_id FROM trial_recipes WHERE recipe = ?) ORDER BY 1", [recipe])
         _, figs = _fetch(con, "SELECT f.trial_id, f.name, f.path, f.bytes, t.model_label FROM figures f "
-                              "JOIN trials t USING (trial_id) WHERE t.recipe = ? AND t.status = 'completed' "
+                              "JOIN trials t USING (trial_id) WHERE t.trial_id IN (SELECT trial_id FROM trial_recipes WHERE recipe = ?) AND t.status = 'completed' "
                               "ORDER BY f.trial_id, f.name", [recipe])
         _, built = _fetch(con, "SELECT value FROM meta WHERE key = 'built_at'", [])
     finally:
