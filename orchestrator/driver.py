@@ -409,6 +409,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--submission", required=True)
     a = ap.parse_args(argv)
     ws = Workspace.resolve(a.workspace)
+    from .turns import cancel_waiting, wait_turn  # one driver per recipe: an earlier live one runs first
+
+    if not wait_turn(StateStore(ws.state_db), a.submission):
+        cancel_waiting(StateStore(ws.state_db), a.submission)
+        return 0
     d = Driver(ws, a.submission)
     try:
         d.run()
