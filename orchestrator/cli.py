@@ -556,7 +556,9 @@ def ui(port: int = typer.Option(5000), host: str = typer.Option("127.0.0.1"), wo
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", ws.mlflow_uri(), "--host", host,
            "--port", str(port), "--workers", "1", "--default-artifact-root", ws.mlflow_artifacts.as_uri()]
-    out.print(f"MLflow UI on http://{host}:{port} (Ctrl-C stops it)")
+    from .tracking import ui_url
+
+    out.print(f"MLflow UI on {ui_url(f'http://{host}:{port}')} (Ctrl-C stops it)")  # opens in model-training view
     os.execvpe(cmd[0], cmd, env)
 
 
@@ -596,7 +598,9 @@ def server(host: str = typer.Option("127.0.0.1", help="interface to listen on (0
         srv.stop(proc.pid)
         tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-2:])[-300:] if log.exists() else ""
         _fail(f"{e}; {log}: {tail}", 1)
-    out.print(f"MLflow server up in {took:.1f}s (pid {proc.pid}), store {store}, log {log}")
+    from .tracking import ui_url
+
+    out.print(f"MLflow server up in {took:.1f}s (pid {proc.pid}), store {store}, log {log}; UI {ui_url(uri)}")
     out.print(f"tracking URI: {uri}\n  in a recipe:  tracking: {{mlflow_uri: {uri}}}\n"
               f"  or:           export DPX_MLFLOW_URI={uri}")
     if detach:

@@ -32,6 +32,14 @@ AXIS_LABELS = {"model.num_householder": "n_h", "model.num_layers": "layers", "mo
                "task.train_len": "train_len", "train.lr": "lr"}
 
 
+def ui_url(base: str, experiment_id: str | None = None) -> str:
+    """An MLflow UI address that opens in its model-training view. MLflow 3.17's UI picks GenAI or model training
+    from a `workflowType` URL parameter, else from the browser's last choice (GenAI on a fresh browser), whatever
+    the experiment's kind tag says; the links dpx prints carry the parameter."""
+    path = f"#/experiments/{experiment_id}" if experiment_id else "#/experiments"
+    return f"{base.rstrip('/')}/{path}?workflowType=machine_learning"
+
+
 def run_label(point: dict | str | None, trial_id: str) -> str:
     """A trial's MLflow run name from its grid point: `n_h=2 β∈[0,2] seed=0`; the trial id when it has none."""
     if isinstance(point, str):
