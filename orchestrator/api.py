@@ -89,6 +89,10 @@ def start(recipe: str | Path, overrides: list[str] | None = None, workspace: str
         check_backend(ex.meta.hardware.model_dump(), ws)
     except RecipeError as e:
         raise RecipeError(e.reason, str(ref.file), e.key) from None
+    except ImportError as e:  # a backend's stack is an install extra
+        backend = ex.meta.hardware.backend
+        raise RecipeError(f"backend {backend!r} needs {e.name or e}: pip install 'dpx[{backend}]'", str(ref.file),
+                          "hardware.backend") from None
     ws.create()
     store = StateStore(ws.state_db)
     n_reset = store.reset(ex.recipe, ("failed", "cancelled"), [t.trial_id for t in ex.trials]) if rerun_failed else None

@@ -83,6 +83,14 @@ def _ws(path: Optional[str], must_exist: bool = False):
     return ws
 
 
+def _need(module: str, extra: str) -> None:
+    """A command that needs an optional stack: one line naming the extra when it is missing."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        _fail(f"this needs {module}, which is not installed: pip install 'dpx[{extra}]'", 1)
+
+
 def _store(ws):
     from .state import StateStore
 
@@ -543,6 +551,7 @@ def sync(workspace: Optional[str] = WS_OPT):
     from .results import refresh_duckdb, sync_mlflow
 
     ws = _ws(workspace, must_exist=True)
+    _need("mlflow", "mlflow")
     n, closed = sync_mlflow(ws)
     db = refresh_duckdb(ws, force=True)
     out.print(f"MLflow: {n} trial run(s) synced, {closed} parent run(s) of dead drivers closed; DuckDB rebuilt at "
@@ -553,6 +562,7 @@ def sync(workspace: Optional[str] = WS_OPT):
 def ui(port: int = typer.Option(5000), host: str = typer.Option("127.0.0.1"), workspace: Optional[str] = WS_OPT):
     """Serve the MLflow UI over the workspace's tracking store."""
     ws = _ws(workspace, must_exist=True)
+    _need("mlflow", "mlflow")
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", ws.mlflow_uri(), "--host", host,
            "--port", str(port), "--workers", "1", "--default-artifact-root", ws.mlflow_artifacts.as_uri()]
@@ -575,6 +585,7 @@ def server(host: str = typer.Option("127.0.0.1", help="interface to listen on (0
     """Run a lean MLflow tracking server that drivers and workers on other nodes log to by URI."""
     from . import server as srv
 
+    _need("mlflow", "mlflow")
     ws = _ws(workspace).create()
     if stop_it:
         st = srv.read_state(ws)
