@@ -85,6 +85,7 @@ def start(recipe: str | Path, overrides: list[str] | None = None, workspace: str
         overrides = ref.last_overrides
         reused = (ref.last_submission["id"], overrides)
     ex = _expand(ref.file, overrides)
+    _check_extra(ex.meta.hardware.backend, str(ref.file))
     try:
         check_backend(ex.meta.hardware.model_dump(), ws)
     except RecipeError as e:
@@ -109,6 +110,18 @@ def start(recipe: str | Path, overrides: list[str] | None = None, workspace: str
     st.driver_pid = spawn_driver(ws, sub_id)  # waits its turn behind a live one (turns.py)
     store.update_submission(sub_id, driver_pid=st.driver_pid, driver_host=socket.gethostname(), heartbeat=time.time())
     return st
+
+
+BACKEND_MODULES = {"ray": "ray", "slurm": "submitit"}  # backend -> the module its install extra brings
+
+
+def _check_extra(backend: str, file: str) -> None:
+    import importlib.util
+
+    mod = BACKEND_MODULES.get(backend)
+    if mod and importlib.util.find_spec(mod) is None:
+        raise RecipeError(f"backend {backend!r} needs {mod}, which is not installed: pip install 'dpx[{backend}]'",
+                          file, "hardware.backend")
 
 
 def wait_driver(ws: Workspace, store, sub_id: str, limit_s: float | None = 900) -> bool:

@@ -40,7 +40,7 @@ body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1500px}
 h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #ccc}
 .wrap{max-width:100%;overflow-x:auto}
 table{border-collapse:collapse;font-size:12px;margin:8px 0;max-width:100%}
-th,td{border:1px solid #ccc;padding:3px 6px;text-align:right;overflow-wrap:anywhere;white-space:normal}
+th,td{border:1px solid #ccc;padding:3px 6px;text-align:right;white-space:normal}td{overflow-wrap:break-word}th{overflow-wrap:anywhere}
 th{background:#f0f0f0;min-width:3em}.differs{font-size:13px;background:#eef4ff;padding:4px 8px;border-left:3px solid #48c}
 td.text{text-align:left}tr.norun td{color:#999}tr.oursonly td{background:#fff8e0}
 .neg{color:#b00}.pos{color:#070}.notes{font-size:12px;color:#444}
