@@ -43,7 +43,8 @@ def expand(recipe: str | Path, overrides: list[str] | None = None, workspace: st
     from . import refs
     from .trials import expand as _expand
 
-    ref = refs.recipe_file(str(recipe), _store(_workspace(workspace)))
+    ws = _workspace(workspace)
+    ref = refs.recipe_file(str(recipe), lambda: _store(ws), need_last=False)
     return _expand(ref.file, list(overrides or []))
 
 
@@ -78,7 +79,7 @@ def start(recipe: str | Path, overrides: list[str] | None = None, workspace: str
     from .trials import expand as _expand
 
     ws = _workspace(workspace)
-    ref = refs.recipe_file(str(recipe), _store(ws))
+    ref = refs.recipe_file(str(recipe), lambda: _store(ws), need_last=rerun_failed)
     overrides = list(overrides or [])
     reused = None
     if rerun_failed and not overrides and ref.last_overrides:

@@ -38,12 +38,14 @@ def _name_of(path: Path) -> str:
         return path.stem
 
 
-def resolve(arg: str, store=None) -> RecipeRef:
-    """Never raises: a name with no file is a RecipeRef whose file is None."""
+def resolve(arg: str, store=None, need_last: bool = True) -> RecipeRef:
+    """Never raises: a name with no file is a RecipeRef whose file is None. `store` may be a callable that opens
+    the state store: it is called only when needed (a file argument with `need_last=False` never opens it, so a
+    bad recipe file leaves the workspace untouched, not even a SQLite -shm file)."""
     p = Path(arg)
     if p.is_file():
         name = _name_of(p)
-        return RecipeRef(name, p, _last(store, name))
+        return RecipeRef(name, p, _last(store, name) if need_last else None)
     name = p.stem if _looks_like_file(arg) else arg
     last = _last(store, name)
     if not _looks_like_file(arg):
@@ -55,9 +57,9 @@ def resolve(arg: str, store=None) -> RecipeRef:
     return RecipeRef(name, None, last)
 
 
-def recipe_file(arg: str, store=None) -> RecipeRef:
+def recipe_file(arg: str, store=None, need_last: bool = True) -> RecipeRef:
     """A RecipeRef with a file, or RecipeError saying where it looked."""
-    ref = resolve(arg, store)
+    ref = resolve(arg, store, need_last)
     if ref.file is None:
         if _looks_like_file(arg):
             raise RecipeError("no such recipe file", arg)
@@ -67,6 +69,8 @@ def recipe_file(arg: str, store=None) -> RecipeRef:
 
 
 def _last(store, name: str) -> dict | None:
+    if callable(store):
+        store = store()
     if store is None:
         return None
     subs = store.submissions(name)
