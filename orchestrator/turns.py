@@ -13,17 +13,21 @@ import time
 from .driver import driver_alive
 
 POLL_S = 1.0
+SPAWN_GRACE_S = 15.0  # a submission registered this recently without a driver pid yet: its CLI is spawning one
 
 
 def earlier_live(store, sub_id: str) -> dict | None:
-    """The earliest live submission of `sub_id`'s recipe that was created before it, or None."""
+    """The earliest live submission of `sub_id`'s recipe that was created before it, or None. One whose CLI is
+    still starting its driver counts as live (two submits at the same moment: the later one waits)."""
     me = store.submission(sub_id)
     if me is None:
         return None
     for s in store.submissions(me["recipe"]):
         if s["id"] == sub_id:
             return None
-        if driver_alive(s):
+        spawning = (s["state"] == "starting" and not s["driver_pid"]
+                    and time.time() - (s["created_at"] or 0) < SPAWN_GRACE_S)
+        if driver_alive(s) or spawning:
             return dict(s)
     return None
 
