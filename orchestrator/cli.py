@@ -624,12 +624,31 @@ def server(host: str = typer.Option("127.0.0.1", help="interface to listen on (0
         srv.stop(proc.pid)
 
 
+def _is(e: BaseException, name: str) -> bool:
+    """click's exception classes by name: typer (0.29) vendors its own click, so `click.UsageError` is not them."""
+    return any(c.__name__ == name for c in type(e).__mro__)
+
+
 def main() -> None:
     try:
-        app()
+        rc = app(standalone_mode=False, prog_name="dpx")
     except RecipeError as e:  # a config class raised outside the expansion path
         err.print(f"error: {escape(e.line())}", highlight=False, soft_wrap=True)
         sys.exit(2)
+    except Exception as e:  # bad flags or values: one line, as for a bad recipe (click would draw a box)
+        if not _is(e, "UsageError"):
+            raise
+        ctx = getattr(e, "ctx", None)
+        cmd = ctx.command_path if ctx is not None else "dpx"
+        msg = e.format_message().replace("Value error, ", "")
+        err.print(f"error: {escape(cmd)}: {escape(msg)} (see `{escape(cmd)} --help`)",
+                  highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except BaseException as e:
+        if _is(e, "Abort"):  # Ctrl-C at a prompt
+            sys.exit(130)
+        raise
+    sys.exit(rc if isinstance(rc, int) else 0)
 
 
 if __name__ == "__main__":
