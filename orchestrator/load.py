@@ -119,14 +119,10 @@ def _plain(v: Any) -> Any:
     return v
 
 
-def read_recipe(path: str | Path, _seen: tuple[str, ...] = ()) -> dict:
-    """The recipe file as a dict, with its `base:` recipes merged under it (no scales or overrides yet)."""
-    path = Path(path)
-    file = str(path)
-    if not path.exists():
-        raise RecipeError("no such recipe file", file)
+def _read_yaml_file(path: Path, file: str) -> Any:
+    """One recipe file's YAML (every error one line naming the file)."""
     try:
-        raw = yaml.safe_load(path.read_bytes().decode("utf-8"))
+        return yaml.safe_load(path.read_bytes().decode("utf-8"))
     except OSError as e:  # a folder, unreadable, vanished
         raise RecipeError(f"cannot read the recipe: {e.strerror or e}", file) from None
     except UnicodeDecodeError as e:
@@ -135,6 +131,15 @@ def read_recipe(path: str | Path, _seen: tuple[str, ...] = ()) -> dict:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else None
         raise RecipeError(f"invalid YAML: {getattr(e, 'problem', e)}", file, where) from None
+
+
+def read_recipe(path: str | Path, _seen: tuple[str, ...] = ()) -> dict:
+    """The recipe file as a dict, with its `base:` recipes merged under it (no scales or overrides yet)."""
+    path = Path(path)
+    file = str(path)
+    if not path.exists():
+        raise RecipeError("no such recipe file", file)
+    raw = _read_yaml_file(path, file)
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
