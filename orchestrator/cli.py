@@ -113,6 +113,27 @@ def _recipe_name(arg: str, ws=None) -> str:
     return resolve(arg, _store(ws) if ws is not None else None).name
 
 
+def _complete_recipe(incomplete: str) -> list[str]:
+    """Shell completion for RECIPE: names of recipes/*.yaml here, files under a typed folder, and the recipe names
+    the workspace knows."""
+    import glob
+
+    if "/" in incomplete or incomplete.startswith("."):
+        return sorted(glob.glob(incomplete + "*.y*ml")) + [d + "/" for d in sorted(glob.glob(incomplete + "*"))
+                                                          if os.path.isdir(d)]
+    found = [Path(f).stem for f in sorted(glob.glob(f"recipes/{glob.escape(incomplete)}*.yaml"))]  # by name
+    found += [d + "/" for d in sorted(glob.glob(glob.escape(incomplete) + "*")) if os.path.isdir(d)]
+    try:
+        ws = _ws(None)
+        store = _store(ws)
+        if store is not None:
+            found += sorted({r[0] for r in store.q("SELECT DISTINCT recipe FROM trials")
+                             if r[0].startswith(incomplete)} - set(found))
+    except Exception:  # noqa: BLE001 — completion must never fail loudly
+        pass
+    return found
+
+
 def _fmt(v) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"
@@ -126,7 +147,7 @@ OVERRIDES_ARG = typer.Argument(None, help="overrides (Hydra grammar): key=value,
 
 @app.command(epilog="Examples:  `dpx expand recipes/fig5_state_tracking.yaml scale=cpu` · "
                     "`dpx expand quickstart model.num_householder=1,2 seeds=range(3)` · `dpx expand fig5 --format ids`")
-def expand(recipe: str = typer.Argument(..., help="recipe file or name"),
+def expand(recipe: str = typer.Argument(..., help="recipe file or name", autocompletion=_complete_recipe),
            overrides: Optional[List[str]] = OVERRIDES_ARG,
            fmt: ExpandFmt = typer.Option(ExpandFmt.table, "--format", help="table | json | ids"),
            limit: int = typer.Option(50, help="rows shown in the table (0: all)"),
@@ -160,7 +181,7 @@ def expand(recipe: str = typer.Argument(..., help="recipe file or name"),
 
 @app.command(epilog="Examples:  `dpx show recipes/fig12_beta01.yaml` (the recipe after base:, scales, overrides) · "
                     "`dpx show quickstart --trial 2` · `dpx show quickstart --trial 5ccafb` (an id prefix)")
-def show(recipe: str = typer.Argument(..., help="recipe file or name"),
+def show(recipe: str = typer.Argument(..., help="recipe file or name", autocompletion=_complete_recipe),
          overrides: Optional[List[str]] = OVERRIDES_ARG,
          trial: Optional[str] = typer.Option(None, "--trial", "-t", help="a trial's resolved config: its number "
                                              "in `dpx expand` or a trial id prefix"),
@@ -252,7 +273,7 @@ WAIT_OPT = typer.Option(False, "--wait/--no-wait", help="show live progress unti
 @app.command(epilog="Examples:  `dpx submit recipes/quickstart.yaml --wait` · "
                     "`dpx submit fig5_state_tracking scale=cpu model.num_householder=1,2` · "
                     "`dpx -w /scratch/ws submit table2_formal_languages seeds=range(3)`")
-def submit(recipe: str = typer.Argument(..., help="recipe file or name"),
+def submit(recipe: str = typer.Argument(..., help="recipe file or name", autocompletion=_complete_recipe),
            overrides: Optional[List[str]] = OVERRIDES_ARG,
            wait: bool = WAIT_OPT,
            workspace: Optional[str] = WS_OPT,
@@ -264,7 +285,7 @@ def submit(recipe: str = typer.Argument(..., help="recipe file or name"),
 
 @app.command(epilog="Examples:  `dpx rerun quickstart --failed` (the last submission's overrides again) · "
                     "`dpx rerun recipes/quickstart.yaml --failed seeds=[1] --wait`")
-def rerun(recipe: str = typer.Argument(..., help="recipe file or name"),
+def rerun(recipe: str = typer.Argument(..., help="recipe file or name", autocompletion=_complete_recipe),
           overrides: Optional[List[str]] = typer.Argument(None, help="overrides; none: those of the recipe's last "
                                                           "submission"),
           failed: bool = typer.Option(False, "--failed", help="run failed, cancelled and missing trials again"),
@@ -277,7 +298,8 @@ def rerun(recipe: str = typer.Argument(..., help="recipe file or name"),
 
 
 @app.command(epilog="Examples:  `dpx watch` (the latest submission) · `dpx watch quickstart`")
-def watch(recipe: Optional[str] = typer.Argument(None, help="recipe file or name (default: the latest submission)"),
+def watch(recipe: Optional[str] = typer.Argument(None, help="recipe file or name (default: the latest submission)",
+                                                  autocompletion=_complete_recipe),
           workspace: Optional[str] = WS_OPT):
     """Re-attach to a submission's live progress (the display of `submit --wait`), then its results."""
     from .driver import driver_alive
@@ -301,7 +323,8 @@ def watch(recipe: Optional[str] = typer.Argument(None, help="recipe file or name
 
 # ---- status / logs / cancel ---------------------------------------------------------------------------------
 @app.command(epilog="Examples:  `dpx status` · `dpx status quickstart --trials`")
-def status(recipe: Optional[str] = typer.Argument(None, help="recipe file or name (default: all)"),
+def status(recipe: Optional[str] = typer.Argument(None, help="recipe file or name (default: all)",
+                                                   autocompletion=_complete_recipe),
            workspace: Optional[str] = WS_OPT,
            all_trials: bool = typer.Option(False, "--trials", help="list every trial")):
     """Done / running / pending / failed counts per recipe, and the error tails of failed trials."""
@@ -360,7 +383,7 @@ def logs(trial: str = typer.Argument(..., help="trial id (a unique prefix is eno
 
 
 @app.command(epilog="Examples:  `dpx cancel quickstart` · `dpx cancel recipes/fig5_state_tracking.yaml`")
-def cancel(recipe: str = typer.Argument(..., help="recipe file or name"), workspace: Optional[str] = WS_OPT):
+def cancel(recipe: str = typer.Argument(..., help="recipe file or name", autocompletion=_complete_recipe), workspace: Optional[str] = WS_OPT):
     """Stop a recipe's running trials and drop its pending ones (they can be rerun with `rerun --failed`)."""
     from .api import cancel as api_cancel
 
@@ -494,7 +517,7 @@ def compare(name: str = typer.Argument(..., help="paper table or figure: table2,
 
 
 @app.command(epilog="Examples:  `dpx report quickstart` · `dpx report recipes/fig5_state_tracking.yaml --out f5.html`")
-def report(recipe: str = typer.Argument(..., help="recipe file or name"),
+def report(recipe: str = typer.Argument(..., help="recipe file or name", autocompletion=_complete_recipe),
            out_html: Optional[str] = typer.Option(None, "--out", help="HTML file (default <workspace>/reports/RECIPE.html)"),
            workspace: Optional[str] = WS_OPT):
     """One self-contained HTML file: the paper's tables and figures beside ours."""
@@ -516,7 +539,7 @@ def report(recipe: str = typer.Argument(..., help="recipe file or name"),
 
 
 @app.command(epilog="Examples:  `dpx params recipes/table3.yaml` · `dpx params table4 model.num_layers=12`")
-def params(recipe: str = typer.Argument(..., help="recipe file or name"),
+def params(recipe: str = typer.Argument(..., help="recipe file or name", autocompletion=_complete_recipe),
            overrides: Optional[List[str]] = typer.Argument(None)):
     """Each trial's parameter count and the dimension parameter matching solved for."""
     ex = _expand(recipe, overrides or [])

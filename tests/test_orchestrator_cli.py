@@ -145,3 +145,15 @@ def test_logs_follow_prints_training_lines_until_the_end(tmp_path, dpx):
     steps = [ln for ln in r.stdout.splitlines() if ln.startswith("[train] step")]
     assert [int(s.split()[2]) for s in steps] == list(range(6)), r.stdout
     assert "[dpx] completed" in r.stdout
+
+
+def test_shell_completion_of_recipe_names(tmp_path, dpx):
+    repo = Path(__file__).resolve().parents[1]
+    env = {"_DPX_COMPLETE": "complete_bash", "COMP_WORDS": "dpx submit fig", "COMP_CWORD": "2"}
+    r = dpx(cwd=repo, env=env, ws=tmp_path / "ws")
+    assert r.returncode == 0 and "fig5_state_tracking" in r.stdout.split() and "fig12_beta01" in r.stdout.split()
+    env["COMP_WORDS"] = "dpx show recipes/quick"
+    r = dpx(cwd=repo, env=env, ws=tmp_path / "ws")
+    assert r.stdout.split() == ["recipes/quickstart.yaml"]
+    r = dpx("--show-completion", "bash", env={"SHELL": "/bin/bash"})
+    assert r.returncode == 0 and "_dpx_completion" in r.stdout
