@@ -82,3 +82,17 @@ def cancel_waiting(store, sub_id: str) -> None:
                   "(SELECT trial_id FROM submission_trials WHERE submission_id = ?) AND recipe = "
                   "(SELECT recipe FROM submissions WHERE id = ?)", (time.time(), sub_id, sub_id))
         c.execute("UPDATE submissions SET state = 'cancelled', ended_at = ? WHERE id = ?", (time.time(), sub_id))
+
+
+def finish_if_nothing_left(store, sub_id: str) -> bool:
+    """After its wait: a submission whose trials the earlier driver all ran ends `done` here, without a driver of
+    its own (no empty MLflow parent run, no fork server). True when it did. Trials still `running` (an earlier
+    driver died with them) need a driver to adopt them: False then."""
+    with store.tx() as c:
+        left = c.execute("SELECT count(*) FROM submission_trials s JOIN trials t ON t.recipe = s.recipe AND "
+                         "t.trial_id = s.trial_id WHERE s.submission_id = ? AND t.status IN ('pending', 'running')",
+                         (sub_id,)).fetchone()[0]
+        if left:
+            return False
+        return c.execute("UPDATE submissions SET state = 'done', ended_at = ? WHERE id = ? AND state = 'starting'",
+                         (time.time(), sub_id)).rowcount > 0

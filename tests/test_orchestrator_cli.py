@@ -129,6 +129,9 @@ def test_second_submit_hands_over_to_the_live_driver(tmp_path, dpx):
     assert len(rows) == 4 and all(x["status"] == "completed" and x["attempts"] == 1 for x in rows.values())
     for x in rows.values():  # one attempt header per log: nothing ran twice
         assert (Path(x["run_dir"]) / "log.txt").read_text().count("===== attempt") == 1
+    logs = sorted((ws / "drivers").glob("*.log"))
+    assert len(logs) == 2 and "waiting for the live driver of clidbg" in logs[1].read_text()
+    assert "every trial was run by the recipe's earlier driver" in logs[1].read_text()
 
 
 def test_logs_follow_prints_training_lines_until_the_end(tmp_path, dpx):

@@ -32,6 +32,10 @@ def test_later_driver_waits_and_new_trials_are_handed_over(tmp_path):
     store.update_submission("a", state="done")
     assert turns.earlier_live(store, "b") is None  # its turn now
     assert turns.wait_turn(store, "b") is True
+    assert turns.finish_if_nothing_left(store, "b") is False  # its trials are still pending
+    with store.tx() as c:
+        c.execute("UPDATE trials SET status = 'completed'")
+    assert turns.finish_if_nothing_left(store, "b") is True and store.submission("b")["state"] == "done"
 
 
 def test_spawning_submission_counts_as_live_and_cancel_while_waiting(tmp_path):
