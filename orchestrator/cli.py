@@ -146,7 +146,7 @@ OVERRIDES_ARG = typer.Argument(None, help="overrides (Hydra grammar): key=value,
 
 
 @app.command(epilog="Examples:  `dpx expand recipes/fig5_state_tracking.yaml scale=cpu` · "
-                    "`dpx expand quickstart model.num_householder=1,2 seeds=range(3)` · `dpx expand fig5 --format ids`")
+                    "`dpx expand quickstart model.num_householder=1,2 seeds=range(3)` · `dpx expand fig5_state_tracking --format ids`")
 def expand(recipe: str = typer.Argument(..., help="recipe file or name", autocompletion=_complete_recipe),
            overrides: Optional[List[str]] = OVERRIDES_ARG,
            fmt: ExpandFmt = typer.Option(ExpandFmt.table, "--format", help="table | json | ids"),
