@@ -424,6 +424,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--submission", required=True)
     a = ap.parse_args(argv)
     ws = Workspace.resolve(a.workspace)
+    from .turns import cancel_waiting, finish_if_nothing_left, wait_turn  # one driver per recipe (turns.py)
+
+    if not wait_turn(StateStore(ws.state_db), a.submission):
+        cancel_waiting(StateStore(ws.state_db), a.submission)
+        return 0
+    if finish_if_nothing_left(StateStore(ws.state_db), a.submission):  # the earlier driver ran them all
+        print(f"[driver] {a.submission}: every trial was run by the recipe's earlier driver; nothing left", flush=True)
+        return 0
     d = Driver(ws, a.submission)
     try:
         d.run()
