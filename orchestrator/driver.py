@@ -197,11 +197,7 @@ class Driver:
         while True:
             now = time.time()
             if now - beat > HEARTBEAT_S:
-                if file_id(self.ws.state_db) != self.store_file:  # deleted or replaced under us: writing on
-                    print(f"[driver] {self.ws.state_db} was deleted or replaced while this driver ran; stopping "
-                          "as if killed (its trials run on; the next command rebuilds the store from the run "
-                          "dirs and `dpx submit` adopts them)", flush=True)
-                    os._exit(3)  # into a file nobody reads would re-run or lose trials (issue 16)
+                self._check_store()
                 sub = self.store.submission(self.sub_id)
                 if sub["state"] == "cancelling":
                     self._cancel_all()
@@ -248,10 +244,20 @@ class Driver:
             self._refresh_queue()
         return bool(self.queue)
 
+    def _check_store(self) -> None:
+        """state.db deleted or replaced under us: writing on into a file nobody reads would re-run or lose trials
+        (issue 16), so stop as if killed; the trials run on, the next command rebuilds the store from the run
+        dirs and `dpx submit` adopts them."""
+        if file_id(self.ws.state_db) != self.store_file:
+            print(f"[driver] {self.ws.state_db} was deleted or replaced while this driver ran; stopping as if "
+                  "killed (its trials run on; `dpx submit` adopts them)", flush=True)
+            os._exit(3)
+
     def _start_more(self) -> bool:
         started = False
         if self.backend.capacity() <= 0:
             return False
+        self._check_store()  # before claiming: a claim made into a deleted store would run the trial twice
         if not self.queue or time.time() - self.queue_at > HEARTBEAT_S:
             self._refresh_queue()  # picks up trials requeued by retries, preemption or `rerun`
         while self.queue and self.backend.capacity() > 0:
