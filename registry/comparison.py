@@ -167,6 +167,7 @@ def _fig5(con, where: str) -> Comparison:
                      r["layers_tried"], r["best_max_len_acc90"], _status(r["n_runs"], r["source"]), r["source"]])
     notes = ["fits = prefix accuracy >= 0.9 at the training length (paper: train 128, test 512, beta [-1,1])"]
     notes += [f"{c['text']} ({c['source']})" for c in reference.load_figures()["fig5"]["claims"]]
+    notes += reference.load_figures()["fig5"].get("differences", [])
     return Comparison("fig5", TITLES["fig5"], header, rows, notes, status_column=len(header) - 2)
 
 
