@@ -74,3 +74,28 @@ def test_trial_ids_are_golden():
 if __name__ == "__main__" and "--update" in sys.argv:
     GOLDEN.write_text(json.dumps(all_digests(), indent=1, sort_keys=True) + "\n")
     print(f"wrote {GOLDEN}")
+
+
+def test_fig5_full_scale_is_the_authors_setting():
+    """App. C.1 + the authors' state_tracking code: d = 128, 12 heads of 32, untied head, init std 0.02, no clipping,
+    AdamW (0.9, 0.999) wd 1e-6, batch 2048, lr 1e-3; the probe runs (Figs. 7 / 13)."""
+    t = expand(ROOT / "recipes" / "fig5_state_tracking.yaml").trials[0].config
+    m, tr = t["model"], t["train"]
+    assert (m["hidden_size"], m["num_heads"], m["head_dim"], m["tie_embeddings"], m["init_std"]) == (128, 12, 32, False, 0.02)
+    assert (tr["grad_clip"], tr["batch_size"], tr["lr"], tuple(tr["betas"]), tr["weight_decay"]) == \
+        (0.0, 2048, 1e-3, (0.9, 0.999), 1e-6)
+    assert t["eval"]["probe"] is True and t["task"]["train_len"] == 128 and t["task"]["test_len"] == 512
+    gpu = expand(ROOT / "recipes" / "fig5_state_tracking.yaml", ["scale=gpu"]).trials
+    assert len(gpu) == 16 and all(x.config["model"]["hidden_size"] == 128 and x.config["model"]["num_heads"] == 12
+                                  for x in gpu)
+    one = {(x.config["task"]["group"], x.config["model"]["num_householder"]) for x in gpu
+           if x.config["model"]["num_layers"] == 1}
+    assert one == {(g, n) for g in ("S3", "S4", "A5", "S5") for n in (1, 2, 4)}
+
+
+def test_lm_recipes_read_fineweb_100bt_where_the_budget_exceeds_10bt():
+    for name in ("table3", "table4", "table5", "fig8_extrapolation", "fig9_effective_rank", "fig10_21_scaling",
+                 "fig16_18_extrapolation", "baselines_lm"):
+        for t in expand(ROOT / "recipes" / f"{name}.yaml").trials:
+            tokens = t.config["train"]["steps"] * t.config["task"]["tokens_per_step"]
+            assert tokens > 10e9 and t.config["task"]["dataset"] == "fineweb_100bt", (name, tokens)
