@@ -223,8 +223,11 @@ def _setting_notes(diffs) -> list[str]:
 
 
 # The table-specific filters of the trials a comparison reads (as its view does).
+_LM_TASK = "t.task_name IN ('lm', 'lm_eval')"
 _TRIAL_FILTERS = {"fig5": "t.group_name IS NOT NULL", "fig7": "t.group_name IS NOT NULL",
-                  "table2": "t.language IS NOT NULL", **{k: v for k, v in views.LM_FILTERS.items()}}
+                  "table2": "t.language IS NOT NULL", "fig4": "t.task_name = 'throughput'",
+                  "fig8": "t.task_name = 'extrapolation'", "fig9": "t.task_name = 'effective_rank'",
+                  **{k: f"({v}) AND {_LM_TASK}" for k, v in views.LM_FILTERS.items()}}
 
 
 def _fig5_status(con, where: str, rows: list[list], status_col: int) -> None:
@@ -326,7 +329,7 @@ def compare(db_path: str | os.PathLike, name: str, recipe: str | None = None) ->
             _fig5_status(con, where, c.rows, c.status_column)
         else:
             c = _figure(con, name, where)
-        c.notes += _setting_notes(setting_differences(con, name, where, _TRIAL_FILTERS.get(name, "TRUE")))
+        c.notes += _setting_notes(setting_differences(con, name, where, _TRIAL_FILTERS.get(name, "FALSE")))
         return c
     finally:
         con.close()

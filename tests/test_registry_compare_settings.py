@@ -89,3 +89,15 @@ def test_fig7_without_probe_runs_says_so(tmp_path):
     ingest(db, [])
     c = compare(db, "fig7")
     assert c.rows == [] and c.notes[0].startswith("no run yet")
+
+
+def test_settings_are_checked_on_the_comparison_s_own_trials_only(tmp_path):
+    """A word-problem trial (1 layer) in the same database is no 'layers differ' warning for an LM table."""
+    trials = _fig5_trials(tmp_path, 128, 97700)
+    trials.append(make_trial(tmp_path, "table3", "lm", dp(1, num_layers=24),
+                             {"name": "lm", "size": "392M", "context_len": 4096, "tokens_per_step": 524288},
+                             summary={keys.AVG_ACC: 0.4}, train={"steps": 66758}))
+    db = tmp_path / "r.duckdb"
+    ingest(db, trials)
+    for name in ("table3", "fig4", "fig8", "fig9"):
+        assert not any(n.startswith(DIFFERS) for n in compare(db, name).notes), name
