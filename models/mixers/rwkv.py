@@ -26,9 +26,9 @@ def _lerp_params(n: int, d: int) -> nn.Parameter:
 
 
 def no_weight_decay(*params: nn.Parameter) -> None:
-    """Exclude from AdamW's weight decay (tasks/training/loop.py reads the mark), as fla/RWKV do for decays,
-    bonuses, token-shift mixes and the per-channel k/r scales: decaying them pulls a decay rate toward
-    exp(-exp(0)) or a mix toward 0 rather than regularising a weight matrix."""
+    """Exclude from AdamW's weight decay (tasks/training/loop.py reads the mark), as RWKV-LM's trainer does for
+    everything but the `.weight` matrices (decays, bonuses, token-shift mixes, the per-channel k/r scales):
+    decaying them pulls a decay rate toward exp(-exp(0)) or a mix toward 0 rather than regularising a weight."""
     for p in params:
         p._no_weight_decay = True
 

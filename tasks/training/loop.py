@@ -84,7 +84,8 @@ def to_device(batch: Any, device: torch.device) -> Any:
 def decays(p: torch.Tensor) -> bool:
     """Whether AdamW's weight decay applies to `p`: matrices decay, vectors (biases, norm gains) do not (nanoGPT's
     split), and neither does any parameter its layer marks `_no_weight_decay` whatever its rank (Mamba's A_log,
-    RWKV's decays, bonuses and token-shift mixes; fla and mamba_ssm exclude the same ones)."""
+    RWKV's decays, bonuses and token-shift mixes: mamba_ssm marks A_log and D so, and RWKV-LM's trainer decays
+    only `.weight` matrices, so its decays, bonuses and mixes never decay)."""
     return p.ndim >= 2 and not getattr(p, "_no_weight_decay", False)
 
 
