@@ -131,10 +131,10 @@ def _recipe_shapes(path: Path, scale: str | None) -> list[dict]:
 
 def recipe_cases() -> tuple[list[dict], list[str]]:
     """Every kernel shape the GPU scales of the shipped recipes build (scales whose name starts with 'gpu')."""
-    import yaml
-    out, seen, notes = [], set(), []
+    from dpx.orchestrator.load import read_recipe  # scales after `base:` composition (fig12 inherits fig5's)
+    out, seen, notes = [], {}, []
     for path in sorted((ROOT / "recipes").glob("*.yaml")):
-        scales = [s for s in (yaml.safe_load(path.read_text()).get("scales") or {}) if s.startswith("gpu")]
+        scales = [s for s in (read_recipe(path).get("scales") or {}) if s.startswith("gpu")]
         for scale in scales:
             try:
                 shapes = _recipe_shapes(path, scale)
@@ -145,10 +145,13 @@ def recipe_cases() -> tuple[list[dict], list[str]]:
                 s["evals"] = [_cap(s, *bt) for bt in s["evals"]]
                 s["B"] = _cap(s, s["B"], s["T"])[0]
                 key = json.dumps(s, sort_keys=True)
-                if key in seen:
+                if key in seen:  # one case per kernel shape; it lists every recipe scale that builds it
+                    seen[key]["sources"].append(f"{path.stem}:{scale}")
                     continue
-                seen.add(key)
-                out.append(case(source=f"{path.stem}:{scale}", fla=False, **s))
+                c = case(source=f"{path.stem}:{scale}", fla=False, **s)
+                c["sources"] = [c["source"]]
+                seen[key] = c
+                out.append(c)
     return out, notes
 
 

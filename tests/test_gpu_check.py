@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -37,19 +36,19 @@ def test_matrix_covers_every_dtype_n_h_and_head_dim():
 def test_every_gpu_scale_of_every_recipe_is_in_the_check():
     cases, notes = gpu_check.recipe_cases()
     assert not notes, notes
-    sources = {c["source"] for c in cases}
+    sources = {src for c in cases for src in c["sources"]}
     for path in sorted((ROOT / "recipes").glob("*.yaml")):
-        raw = yaml.safe_load(path.read_text())
-        models = [raw.get("model") or {}]
-        for scale in raw.get("scales") or {}:
+        from dpx.orchestrator.load import read_recipe
+        for scale in read_recipe(path).get("scales") or {}:
             if not scale.startswith("gpu"):
                 continue
             shapes = gpu_check._recipe_shapes(path, scale)
             if shapes:  # a scale whose trials build a delta-rule model must contribute its shapes
                 assert f"{path.stem}:{scale}" in sources, (path.name, scale)
     # the paper's state-tracking shape (12 heads x 32 at n_h = 2 in the full recipe; 4 heads in gpu_small)
-    assert any(c["K"] == 32 and c["n"] == 2 and c["source"].startswith("fig5") for c in cases)
-    assert any(c["K"] == 85 and c["source"].startswith("table3") for c in cases)  # head-dim matching at n_h = 2
+    src = lambda c, name: any(s.startswith(name) for s in c["sources"])
+    assert any(c["K"] == 32 and c["n"] == 2 and src(c, "fig5") for c in cases)
+    assert any(c["K"] == 85 and src(c, "table3") for c in cases)  # head-dim matching at n_h = 2
 
 
 def _worker(case):

@@ -27,7 +27,9 @@ NO_SMALL_SCALES = {"quickstart"}
 
 
 def scales_of(path: Path) -> list[str | None]:
-    return [None] + list((yaml.safe_load(path.read_text()).get("scales") or {}))
+    from dpx.orchestrator.load import read_recipe  # with its `base:` recipes merged (fig12 composes fig5's scales)
+
+    return [None] + list(read_recipe(path).get("scales") or {})
 
 
 CASES = [(p, s) for p in RECIPES for s in scales_of(p)]
