@@ -76,11 +76,12 @@ def _blocks(C: int, group: int):
     """(channels per program, channel step between programs, number of channel programs)."""
     if group:
         return triton.next_power_of_2(group), group, C // group
-    bc = min(128, triton.next_power_of_2(C))
+    bc = min(64, triton.next_power_of_2(C))
     return bc, bc, triton.cdiv(C, bc)
 
 
-BT = 64  # rows per program (fixed: the partial weight-gradient buffer is sized by it)
+BT_FWD, NW_FWD = 32, 4  # forward: rows per program, warps
+BT_BWD, NW_BWD, NLOOP = 16, 8, 8  # backward: rows per tile, warps, tiles per program (dw partials per program)
 
 
 class CausalConv1dFn(torch.autograd.Function):
@@ -94,12 +95,12 @@ class CausalConv1dFn(torch.autograd.Function):
         cache_c = cache.to(x.dtype).contiguous() if cache is not None else None
         y = torch.empty(B, T, C, device=x.device, dtype=x.dtype)
         BC, CSTEP, NC = _blocks(C, group)
-        NT = (T + BT - 1) // BT
+        NT = triton.cdiv(T, BT_FWD)
         _conv_fwd_kernel[(NT, NC, B)](
             x, cache_c if cache_c is not None else x, weight, bias if bias is not None else weight, y,
             T, C, x.stride(0), x.stride(1), eps,
-            W=W, BT=BT, BC=BC, CSTEP=CSTEP, ACT=bool(activation), L2=bool(group), HAS_CACHE=cache_c is not None,
-            HAS_BIAS=bias is not None)
+            W=W, BT=BT_FWD, BC=BC, CSTEP=CSTEP, ACT=bool(activation), L2=bool(group), HAS_CACHE=cache_c is not None,
+            HAS_BIAS=bias is not None, num_warps=NW_FWD)
         ctx.save_for_backward(x, weight, bias, cache_c)
         ctx.cfg = (activation, group, eps)
         return y
@@ -112,15 +113,16 @@ class CausalConv1dFn(torch.autograd.Function):
         W = weight.shape[1]
         dy = dy.contiguous()
         BC, CSTEP, NC = _blocks(C, group)
-        NT = (T + BT - 1) // BT
+        nloop = min(NLOOP, triton.cdiv(T, BT_BWD))
+        NT = triton.cdiv(T, BT_BWD * nloop)
         dx = torch.empty(B, T, C, device=x.device, dtype=x.dtype)
         dw = torch.empty(B * NT, C, W, device=x.device, dtype=torch.float32)
         db = torch.empty(B * NT, C, device=x.device, dtype=torch.float32) if bias is not None else dw
         _conv_bwd_kernel[(NT, NC, B)](
             x, cache if cache is not None else x, weight, bias if bias is not None else weight, dy, dx, dw, db,
             T, C, x.stride(0), x.stride(1), eps,
-            W=W, BT=BT, BC=BC, CSTEP=CSTEP, ACT=bool(activation), L2=bool(group), HAS_CACHE=cache is not None,
-            HAS_BIAS=bias is not None)
+            W=W, BT=BT_BWD, BC=BC, CSTEP=CSTEP, ACT=bool(activation), L2=bool(group), HAS_CACHE=cache is not None,
+            HAS_BIAS=bias is not None, BW=triton.next_power_of_2(W), NLOOP=nloop, num_warps=NW_BWD)
         dweight = dw.sum(0).to(weight.dtype)
         dbias = db.sum(0).to(bias.dtype) if bias is not None else None
         return dx, dweight, dbias, None, None, None, None
@@ -190,32 +192,40 @@ def _dz(x, cache, w, bias, dy, i_b, rows, cols, cmask, T, C, sxb, sxt, eps,
 @triton.jit
 def _conv_bwd_kernel(x, cache, w, bias, dy, dx, dw, db, T, C, sxb, sxt, eps,
                      W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, CSTEP: tl.constexpr, ACT: tl.constexpr,
-                     L2: tl.constexpr, HAS_CACHE: tl.constexpr, HAS_BIAS: tl.constexpr):
+                     L2: tl.constexpr, HAS_CACHE: tl.constexpr, HAS_BIAS: tl.constexpr, BW: tl.constexpr,
+                     NLOOP: tl.constexpr):
+    """Each program: NLOOP tiles of BT rows (one channel group); dx per tile, dw/db summed over its tiles."""
     i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     NT = tl.num_programs(0)
-    rows = i_t * BT + tl.arange(0, BT)
     o_c = tl.arange(0, BC)
+    o_w = tl.arange(0, BW)
     cols = i_c * CSTEP + o_c
     cmask = (o_c < CSTEP) & (cols < C)
-    part = (i_b * NT + i_t).to(tl.int64)
-    acc = tl.zeros([BT, BC], dtype=tl.float32)
-    for j in tl.static_range(W):
-        # dx[t] += w[j] * dz[t + W-1-j]
-        g = _dz(x, cache, w, bias, dy, i_b, rows + (W - 1 - j), cols, cmask, T, C, sxb, sxt, eps,
-                W, BT, BC, ACT, L2, HAS_CACHE, HAS_BIAS)
-        wj = tl.load(w + cols * W + j, mask=cmask, other=0.).to(tl.float32)
-        acc += g * wj[None, :]
-        if j == W - 1:  # shift 0: this program's own rows -> weight and bias gradients
-            for i in tl.static_range(W):
-                s = rows + (i - (W - 1))
-                m = ((s >= 0) & (s < T))[:, None] & cmask[None, :]
-                xv = tl.load(x + i_b * sxb + s[:, None] * sxt + cols[None, :], mask=m, other=0.).to(tl.float32)
-                if HAS_CACHE:
-                    mc = ((s < 0) & (s >= 1 - W))[:, None] & cmask[None, :]
-                    xv += tl.load(cache + i_b * (W - 1) * C + (s + W - 1)[:, None] * C + cols[None, :], mask=mc,
-                                  other=0.).to(tl.float32)
-                tl.store(dw + part * C * W + cols * W + i, tl.sum(g * xv, axis=0), mask=cmask)
-            if HAS_BIAS:
-                tl.store(db + part * C + cols, tl.sum(g, axis=0), mask=cmask)
-    m = (rows < T)[:, None] & cmask[None, :]
-    tl.store(dx + i_b * T * C + rows[:, None] * C + cols[None, :], acc.to(dx.dtype.element_ty), mask=m)
+    part = i_b * NT + i_t
+    dw_acc = tl.zeros([BC, BW], dtype=tl.float32)
+    db_acc = tl.zeros([BC], dtype=tl.float32)
+    for it in range(NLOOP):
+        rows = (i_t * NLOOP + it) * BT + tl.arange(0, BT)
+        acc = tl.zeros([BT, BC], dtype=tl.float32)
+        for j in tl.static_range(W):
+            # dx[t] += w[j] * dz[t + W-1-j]
+            g = _dz(x, cache, w, bias, dy, i_b, rows + (W - 1 - j), cols, cmask, T, C, sxb, sxt, eps,
+                    W, BT, BC, ACT, L2, HAS_CACHE, HAS_BIAS)
+            wj = tl.load(w + cols * W + j, mask=cmask, other=0.).to(tl.float32)
+            acc += g * wj[None, :]
+            if j == W - 1:  # shift 0: this tile's own rows -> weight and bias gradients
+                for i in tl.static_range(W):
+                    s = rows + (i - (W - 1))
+                    m = ((s >= 0) & (s < T))[:, None] & cmask[None, :]
+                    xv = tl.load(x + i_b * sxb + s[:, None] * sxt + cols[None, :], mask=m, other=0.).to(tl.float32)
+                    if HAS_CACHE:
+                        mc = ((s < 0) & (s >= 1 - W))[:, None] & cmask[None, :]
+                        xv += tl.load(cache + i_b * (W - 1) * C + (s + W - 1)[:, None] * C + cols[None, :],
+                                      mask=mc, other=0.).to(tl.float32)
+                    dw_acc += tl.sum(g * xv, axis=0)[:, None] * (o_w == i).to(tl.float32)[None, :]
+                db_acc += tl.sum(g, axis=0)
+        m = (rows < T)[:, None] & cmask[None, :]
+        tl.store(dx + i_b * T * C + rows[:, None] * C + cols[None, :], acc.to(dx.dtype.element_ty), mask=m)
+    tl.store(dw + part * C * W + cols[:, None] * W + o_w[None, :], dw_acc, mask=cmask[:, None] & (o_w < W)[None, :])
+    if HAS_BIAS:
+        tl.store(db + part * C + cols, db_acc, mask=cmask)

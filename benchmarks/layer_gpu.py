@@ -1,0 +1,776 @@
+"""The delta layer on one GPU (issue 15): fused-op checks, a per-op profile beside fla, layer and LM throughput.
+
+    python3 benchmarks/layer_gpu.py --out $OUT [--wheels .whl] [--budget-s 225] [--parts check,profile,measure]
+    python3 benchmarks/layer_gpu.py --out /tmp/x --device cpu --shapes tiny --parts check,measure   # CPU dry run
+
+Imports only torch, triton, numpy, dpx.kernels and dpx.models (no dpx.tasks: the GPU image has no pydantic,
+omegaconf, duckdb, mlflow). When `dpx` is not installed, a symlink shim to this checkout is put on sys.path.
+`--wheels DIR` first installs DIR/*.whl (fla-core / flash-linear-attention) with pip --no-index --no-deps into a
+temporary folder and puts it on sys.path.
+
+Parts, in this order, each after the previous one (everything stops starting new work after --budget-s; a SIGALRM
+interrupts a measurement that runs past it; every file is rewritten after each result):
+  check    every fused op of kernels/fused (short conv + SiLU + L2 norm, L2 norm, gated RMSNorm) in float32 and
+           bf16 against its plain PyTorch form in float64 on the same GPU, forward and gradients, at layer shapes
+           (head dims 128 and 85, column slices of one projection, with and without a decode cache); and the
+           whole mixer's fused path against its plain path (float32, and bf16 autocast vs the float32 plain path),
+           with the delta kernel's autotuning on.                                   -> $OUT/fused_checks.json
+  profile  torch.profiler of one mixer forward and one backward (separately), per op and per kernel: dpx fused,
+           dpx plain (the path before this work), fla's GatedDeltaProduct, at --profile-shape (fig4, n_h=2, not
+           gated: fla's gated backward refuses to run on Triton < 3.7.1).            -> $OUT/layer_profile.md
+  measure  for each shape:variant of --plan: one mixer's forward + backward (bf16 autocast, median of
+           --layer-iters) and the LM training step's tokens/s (bf16 autocast, float32 CE, backward, fused AdamW;
+           median of --steps after --warmup), peak memory of each; dpx (fused, and the plain path's layer time)
+           beside the same LM with fla's GatedDeltaProduct as every mixer.  -> $OUT/lm_throughput_<device>.json
+fla's gated backward raises on Hopper with Triton >= 3.4, < 3.7.1 (fla issue #640); its gated rows are skipped
+before building and a gated dpx row is compared with fla's non-gated row of the same shape and n_h
+(`fla_variant` in the row says which). fla's first-call autotuning took 233 s for one shape: `--fla-configs N`
+keeps N configs per fla autotuned kernel (0: all), the ones closest to 4 warps / 2 stages.
+
+Shapes (tokens per step 32,768) and variants as benchmarks/lm_throughput.py: fig4 = 8 layers, d=1024, 12 heads x
+128 at n_h=1 (matched by heads for n_h > 1: 8 heads at n_h=2, 6 at 3), 16 x 2048; table3 = 4 layers, d=512, 4
+heads, head dim 128 at n_h=1 (matched by head dim: 85 at n_h=2, 64 at 3), 32 x 1024. Variant `g<n>` is gated, `<n>`
+not; all with beta in [0, 2], short conv on, no output gate (the authors' LM configs).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import glob
+import json
+import math
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _setup_paths(wheels: str | None):
+    """Install wheels into a temp dir (once) and make `dpx` importable (a shim of symlinks if it is not)."""
+    if wheels:
+        files = sorted(glob.glob(os.path.join(wheels, "*.whl")))
+        if files:
+            target = Path(tempfile.gettempdir()) / "dpx_layer_gpu_site"
+            if not target.exists():
+                r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                                    "--no-compile", "--target", str(target), *files], capture_output=True, text=True)
+                if r.returncode:
+                    print(f"[layer_gpu] wheel install failed: {r.stderr[-500:]}", flush=True)
+            sys.path.insert(0, str(target))
+    try:
+        import dpx.kernels  # noqa: F401
+        import dpx.models  # noqa: F401
+    except ImportError:
+        shim = Path(tempfile.gettempdir()) / "dpx_layer_gpu_shim"
+        (shim / "dpx").mkdir(parents=True, exist_ok=True)
+        for sub in ("kernels", "models"):
+            link = shim / "dpx" / sub
+            if not link.exists():
+                link.symlink_to(REPO / sub)
+        sys.path.insert(0, str(shim))
+        for m in [m for m in sys.modules if m == "dpx" or m.startswith("dpx.")]:
+            sys.modules.pop(m)
+
+
+SHAPES = {
+    "fig4": dict(model=dict(num_layers=8, hidden_size=1024, num_heads=12, head_dim=128,
+                            matching={"mode": "heads", "reference": {"num_householder": 1}}),
+                 seq_len=2048, batch_size=16),
+    "table3": dict(model=dict(num_layers=4, hidden_size=512, num_heads=4, head_dim=128,
+                              matching={"mode": "head_dim", "reference": {"num_householder": 1, "head_dim": 128}}),
+                   seq_len=1024, batch_size=32),
+    "tiny": dict(model=dict(num_layers=2, hidden_size=64, num_heads=2, head_dim=32, vocab_size=512), seq_len=64,
+                 batch_size=4),
+}
+COMMON = dict(vocab_size=32000, expand_v=1.0, allow_neg_eigval=True, use_short_conv=True, use_output_gate=False,
+              tie_embeddings=True)
+DEFAULT_PLAN = ("fig4:2,fig4:g2,table3:2,table3:g2,fig4:1,fig4:g1,fig4:3,fig4:g3,table3:1,table3:g1,table3:3,"
+                "table3:g3")
+
+
+class OutOfBudget(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def deadline(t_end: float):
+    left = t_end - time.time()
+    if left <= 0:
+        raise OutOfBudget("budget spent before start")
+    if not hasattr(signal, "SIGALRM"):
+        yield
+        return
+
+    def fire(signum, frame):
+        raise OutOfBudget("budget spent during the measurement")
+    old = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, left)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _err(e: BaseException) -> str:
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+
+
+# -- models --------------------------------------------------------------------------------------------------------
+
+def model_config(shape: str, variant: str) -> dict:
+    gated = variant.startswith("g")
+    n_h = int(variant.lstrip("g"))
+    cfg = {**COMMON, **SHAPES[shape]["model"], "num_householder": n_h,
+           "family": "gated_deltaproduct" if gated else "deltaproduct"}
+    if n_h == 1:
+        cfg.pop("matching", None)
+    return cfg
+
+
+def fla_layer_class():
+    """fla's GatedDeltaProduct (through a bare fla.layers stub when fla.layers' __init__ needs transformers)."""
+    import importlib
+    import importlib.util
+    import types
+    import fla  # noqa: F401
+    try:
+        return importlib.import_module("fla.layers.gated_deltaproduct").GatedDeltaProduct
+    except ImportError as e:
+        if isinstance(e, ModuleNotFoundError) and (e.name or "").startswith("fla"):
+            raise
+        spec = importlib.util.find_spec("fla.layers")
+        for name in [m for m in sys.modules if m == "fla.layers" or m.startswith("fla.layers.")]:
+            sys.modules.pop(name)
+        stub = types.ModuleType("fla.layers")
+        stub.__path__ = list(spec.submodule_search_locations)
+        sys.modules["fla.layers"] = stub
+        return importlib.import_module("fla.layers.gated_deltaproduct").GatedDeltaProduct
+
+
+def prune_fla_autotune(n: int) -> int:
+    """Keep n configs (closest to 4 warps, 2 stages) in every autotuned fla kernel imported so far; returns how
+    many kernels were pruned."""
+    if n <= 0:
+        return 0
+    from triton.runtime.autotuner import Autotuner
+    done = 0
+    for name, mod in list(sys.modules.items()):
+        if not name.startswith("fla") or mod is None:
+            continue
+        for obj in list(vars(mod).values()):
+            if isinstance(obj, Autotuner) and len(obj.configs) > n and not getattr(obj, "_dpx_pruned", False):
+                obj.configs = sorted(obj.configs, key=lambda c: (abs(c.num_warps - 4), abs(c.num_stages - 2)))[:n]
+                obj._dpx_pruned = True
+                done += 1
+    return done
+
+
+class FlaMixer:
+    """Built lazily (torch imported): fla's GatedDeltaProduct behind dpx's mixer interface."""
+
+    @staticmethod
+    def make(cfg):
+        import torch.nn as nn
+        cls = fla_layer_class()
+
+        class _M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.layer = cls(hidden_size=cfg.hidden_size, expand_v=cfg.expand_v, head_dim=cfg.key_dim,
+                                 num_heads=cfg.num_heads, mode="chunk", use_output_gate=cfg.use_output_gate,
+                                 use_short_conv=cfg.use_short_conv, conv_size=cfg.conv_size, norm_eps=cfg.norm_eps,
+                                 use_forget_gate=cfg.use_forget_gate, allow_neg_eigval=cfg.allow_neg_eigval,
+                                 num_householder=cfg.num_householder)
+                self.record, self.aux = False, {}
+
+            def forward(self, x, state=None, mode=None):
+                return self.layer(x)[0], None
+        return _M()
+
+
+def build(cfg: dict, impl: str, device, seed: int = 0, fla_configs: int = 0):
+    import torch
+    from dpx.models import build_model
+    torch.manual_seed(seed)
+    model = build_model(cfg)
+    if impl == "fla":
+        for block in model.layers:
+            block.attn = FlaMixer.make(model.config)
+        prune_fla_autotune(fla_configs)
+    return model.to(device).train()
+
+
+def fla_status(device) -> str:
+    try:
+        fla_layer_class()
+        return ""
+    except Exception as e:  # noqa: BLE001 - optional dependency
+        return _err(e)
+
+
+def fla_refuses_gated(device) -> str:
+    if device.type != "cuda":
+        return ""
+    try:
+        from fla.utils import IS_NVIDIA_HOPPER, TRITON_ABOVE_3_4_0
+    except ImportError:
+        return ""
+    try:
+        from fla.utils import TRITON_ABOVE_3_7_1
+    except ImportError:
+        TRITON_ABOVE_3_7_1 = False
+    if IS_NVIDIA_HOPPER and TRITON_ABOVE_3_4_0 and not TRITON_ABOVE_3_7_1:
+        import triton
+        return f"fla refuses its gated backward on Hopper with Triton {triton.__version__} (< 3.7.1, fla issue #640)"
+    return ""
+
+
+# -- timing --------------------------------------------------------------------------------------------------------
+
+def _sync(device):
+    import torch
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_fn(fn, n_warmup: int, n_iters: int, device) -> dict:
+    import torch
+    t0 = time.perf_counter()
+    for _ in range(n_warmup):
+        fn()
+    _sync(device)
+    warm = time.perf_counter() - t0
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+    times = []
+    for _ in range(n_iters):
+        if device.type == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) / 1e3)
+        else:
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+    r = {"warmup_s": round(warm, 2), "median_s": statistics.median(times), "min_s": min(times), "max_s": max(times)}
+    if device.type == "cuda":
+        r["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2 ** 30
+        r["peak_over_base_gib"] = (torch.cuda.max_memory_allocated(device) - base) / 2 ** 30
+    return r
+
+
+def _autocast(device):
+    import torch
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16) if device.type == "cuda" else \
+        contextlib.nullcontext()
+
+
+def layer_step(mixer, B, T, d, device):
+    import torch
+    g = torch.Generator(device="cpu").manual_seed(0)
+    x = torch.randn(B, T, d, generator=g).to(device).requires_grad_()
+    dy = torch.randn(B, T, d, generator=g).to(device)
+    params = list(mixer.parameters())
+
+    def step():
+        with _autocast(device):
+            y, _ = mixer(x)
+        y.backward(dy.to(y.dtype))
+        x.grad = None
+        for p in params:
+            p.grad = None
+    return step, x, dy
+
+
+def lm_step(model, B, T, device):
+    import torch
+    import torch.nn.functional as F
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": 0.01},
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=3e-4, betas=(0.9, 0.95), **({"fused": True} if device.type == "cuda" else {}))
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (B, T + 1), generator=g).to(device)
+
+    def step():
+        with _autocast(device):
+            logits = model(ids[:, :-1])
+        loss = F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step
+
+
+# -- part 1: checks ------------------------------------------------------------------------------------------------
+
+def _rel(a, b) -> float:
+    a, b = a.double(), b.double()
+    if not bool(a.isfinite().all()):
+        return float("inf")
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+TOL = {"float32": 1e-5, "bfloat16": 1.2e-2}  # relative RMS vs float64 (bf16: one rounding of the output ~ 3e-3)
+
+
+def _op_case(name, fast, ref, inputs, dtype, device, seed):
+    """fast(*inputs in dtype) vs ref(*inputs in float64), forward and gradients of every input requiring grad."""
+    import torch
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    outs, grads = [], []
+    dy = None
+    for f, dt in ((fast, dtype), (ref, torch.float64)):
+        xs = [None if x is None else x.detach().to(device, dt).requires_grad_(x.requires_grad) for x in inputs]
+        o = f(*xs)
+        o = o[0] if isinstance(o, tuple) else o
+        if dy is None:
+            dy = torch.randn(o.shape, generator=g).to(device)
+        o.backward(dy.to(o.dtype))
+        outs.append(o)
+        grads.append([x.grad if x is not None and x.requires_grad else None for x in xs])
+    errs = {"y": _rel(outs[0], outs[1])}
+    for i, (a, b) in enumerate(zip(*grads)):
+        if b is not None:
+            errs[f"d{i}"] = _rel(a, b)
+    tol = TOL[str(dtype).replace("torch.", "")]
+    return {"case": name, "dtype": str(dtype).replace("torch.", ""), "errors": errs, "tol": tol,
+            "ok": all(e < tol for e in errs.values())}
+
+
+def check_ops(device, small: bool) -> list[dict]:
+    import torch
+    from dpx.kernels import fused
+
+    def slice_of(x, extra=96):  # x as a column slice of one wider projection output
+        return torch.nn.functional.pad(x, (32, extra))[..., 32:32 + x.shape[-1]]
+
+    B, T = (2, 40) if small else (4, 1000)
+    rows = []
+    seed = 0
+    for dt in (torch.float32, torch.bfloat16):
+        for D, heads, cache in ((128, 8, False), (85, 4, True), (None, 16, False)):
+            C = (D or 64) * heads
+            seed += 1
+            gen = torch.Generator().manual_seed(seed)
+            x = torch.randn(B, T, C, generator=gen).requires_grad_()
+            w = (0.5 * torch.randn(C, 4, generator=gen)).requires_grad_()
+            c = torch.randn(B, 3, C, generator=gen) if cache else None
+            rows.append(_op_case(f"causal_conv1d C={C} l2_group={D} cache={cache}",
+                                 lambda x, w, c: fused.causal_conv1d(slice_of(x), w, None, c, True, D, impl="triton"),
+                                 lambda x, w, c: fused.naive_causal_conv1d(x, w, None, c, True, D),
+                                 [x, w, c], dt, device, seed))
+        for D in (128, 85):
+            seed += 1
+            gen = torch.Generator().manual_seed(seed)
+            x = torch.randn(B, T, 4 * D, generator=gen).requires_grad_()
+            rows.append(_op_case(f"l2norm(silu) D={D}",
+                                 lambda x: fused.l2norm(slice_of(x), D, True, impl="triton"),
+                                 lambda x: fused.naive_l2norm(x, D, True), [x], dt, device, seed))
+            for gate in (False, True):
+                seed += 1
+                gen = torch.Generator().manual_seed(seed)
+                x = torch.randn(B, T, 4, D, generator=gen).requires_grad_()
+                w = (1 + 0.3 * torch.randn(D, generator=gen)).requires_grad_()
+                gt = torch.randn(B, T, 4 * D, generator=gen).requires_grad_() if gate else None
+                rows.append(_op_case(
+                    f"rms_norm_gated D={D} gate={gate}",
+                    lambda x, w, gt: fused.rms_norm_gated(x, w, None if gt is None else slice_of(gt), 1e-6,
+                                                          impl="triton"),
+                    lambda x, w, gt: fused.naive_rms_norm_gated(x, w, gt, 1e-6), [x, w, gt], dt, device, seed))
+    return rows
+
+
+def check_mixer(device, small: bool) -> list[dict]:
+    """The mixer's fused path vs its plain path: float32 (both on the delta kernel), and the fused bf16-autocast
+    path's error vs the float32 plain path next to the plain bf16 path's own error."""
+    import torch
+    from dpx.models import ModelConfig
+    from dpx.models.mixers.delta import DeltaProductMixer
+    rows = []
+    cases = [("gated_deltaproduct", 2, 128, True), ("deltaproduct", 3, 64, False), ("gated_deltanet", 1, 128, False),
+             ("deltaproduct", 2, 85, False)]
+    B, T, d = (1, 40, 64) if small else (2, 512, 512)
+    for family, n, K, out_gate in cases:
+        cfg = ModelConfig(family=family, hidden_size=d, num_heads=2, head_dim=K, num_householder=n,
+                          allow_neg_eigval=True, use_output_gate=out_gate)
+        torch.manual_seed(0)
+        m = DeltaProductMixer(cfg).to(device)
+        gen = torch.Generator().manual_seed(1)
+        x = torch.randn(B, T, d, generator=gen).to(device)
+        dy = torch.randn(B, T, d, generator=gen).to(device)
+
+        def run(fused_on, amp):
+            m.fused = fused_on
+            xx = x.clone().requires_grad_()
+            ctx = _autocast(device) if amp else contextlib.nullcontext()
+            with ctx:
+                y, st = m(xx)
+            y.float().backward(dy)
+            gr = {k: p.grad.clone() for k, p in m.named_parameters()}
+            m.zero_grad(set_to_none=True)
+            return y.float(), st["S"].float(), xx.grad.float(), gr
+        ref = run(False, False)
+        res = {"fused_fp32": run(True, False)}
+        if device.type == "cuda":
+            res["fused_bf16"], res["plain_bf16"] = run(True, True), run(False, True)
+        m.fused = None
+        row = {"case": f"mixer {family} n_h={n} K={K} out_gate={out_gate}", "errors_vs_plain_fp32": {}}
+        for key, r in res.items():
+            e = {"y": _rel(r[0], ref[0]), "S": _rel(r[1], ref[1]), "dx": _rel(r[2], ref[2])}
+            e["dparams_max"] = max(_rel(r[3][k], ref[3][k]) for k in ref[3])
+            row["errors_vs_plain_fp32"][key] = e
+        ok = all(v < 1e-4 for v in row["errors_vs_plain_fp32"]["fused_fp32"].values())
+        if "fused_bf16" in res:  # the fused bf16 path no less accurate than the plain bf16 path (20% slack)
+            fb, pb = row["errors_vs_plain_fp32"]["fused_bf16"], row["errors_vs_plain_fp32"]["plain_bf16"]
+            ok = ok and all(fb[k] <= 1.2 * pb[k] + 1e-3 for k in fb)
+        row["ok"] = ok
+        rows.append(row)
+    return rows
+
+
+# -- part 2: profile -----------------------------------------------------------------------------------------------
+
+def profile_mixer(mixer, B, T, d, device, iters: int = 3) -> dict:
+    """{'fwd': [(name, calls, self device ms per iteration)], 'bwd': [...]} from torch.profiler."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    step, x, dy = layer_step(mixer, B, T, d, device)
+    for _ in range(2):
+        step()
+    _sync(device)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    out = {}
+    ys = []
+    with profile(activities=acts) as pf:
+        for _ in range(iters):
+            with _autocast(device):
+                ys.append(mixer(x)[0])
+        _sync(device)
+    out["fwd"] = _events(pf, iters, device)
+    with profile(activities=acts) as pb:
+        for y in ys:
+            y.backward(dy.to(y.dtype))
+        _sync(device)
+    out["bwd"] = _events(pb, iters, device)
+    x.grad = None
+    for p in mixer.parameters():
+        p.grad = None
+    return out
+
+
+def _events(prof, iters, device) -> dict:
+    """{'kernels': [(name, calls, ms per iteration)], 'ops': [...]}: on CUDA, kernels are the device events and
+    ops the CPU-side operators with the device time of the kernels they launched themselves (the two sum to the
+    same total; each alone counts every kernel once); on CPU, both are the operators' self CPU time."""
+    kernels, ops = [], []
+    for e in prof.key_averages():
+        calls = max(1, round(e.count / iters)) if iters else e.count
+        if device.type != "cuda":
+            if e.self_cpu_time_total > 0:
+                ops.append((e.key, calls, e.self_cpu_time_total / 1e3 / iters))
+            continue
+        t = getattr(e, "self_device_time_total", None)
+        if t is None:
+            t = getattr(e, "self_cuda_time_total", 0)
+        if not t or t <= 0:
+            continue
+        is_kernel = str(getattr(e, "device_type", "")).endswith("CUDA")
+        (kernels if is_kernel else ops).append((e.key, calls, t / 1e3 / iters))
+    for x in (kernels, ops):
+        x.sort(key=lambda r: -r[2])
+    return {"kernels": kernels or ops, "ops": ops}
+
+
+def profile_markdown(profiles: dict, title: str, top: int = 25) -> str:
+    lines = [f"# {title}", ""]
+    totals = {}
+    for part in ("fwd", "bwd"):
+        for view in ("kernels", "ops"):
+            for impl, prof in profiles.items():
+                if isinstance(prof, str):
+                    if view == "kernels":
+                        lines += [f"## {part}: {impl}", "", prof, ""]
+                    continue
+                rows = prof[part][view]
+                total = sum(r[2] for r in rows)
+                if view == "kernels":
+                    totals[(part, impl)] = total
+                lines += [f"## {part}, per {view[:-1]}: {impl} (device time per mixer call: {total:.3f} ms)", "",
+                          f"| {view[:-1]} | calls | ms | % |", "|---|---|---|---|"]
+                for name, calls, ms in rows[:top]:
+                    lines.append(f"| `{name[:100]}` | {calls} | {ms:.3f} | {100 * ms / max(total, 1e-12):.1f} |")
+                if len(rows) > top:
+                    rest = sum(r[2] for r in rows[top:])
+                    lines.append(f"| ({len(rows) - top} more) | | {rest:.3f} | {100 * rest / max(total, 1e-12):.1f} |")
+                lines.append("")
+    summary = ["| part | " + " | ".join(k for k, v in profiles.items() if not isinstance(v, str)) + " |",
+               "|---|" + "---|" * sum(not isinstance(v, str) for v in profiles.values())]
+    for part in ("fwd", "bwd"):
+        summary.append(f"| {part} ms | " + " | ".join(f"{totals[(part, k)]:.3f}" for k, v in profiles.items()
+                                                    if not isinstance(v, str)) + " |")
+    return "\n".join(lines[:2] + summary + [""] + lines[2:])
+
+
+# -- part 3: measurements ------------------------------------------------------------------------------------------
+
+def measure_one(cfg, impl, shape, device, args, t_end, plain_layer: bool) -> dict:
+    import torch
+    B, T = SHAPES[shape]["batch_size"], SHAPES[shape]["seq_len"]
+    r = {"impl": impl}
+    model = None
+    t0 = time.time()
+    try:
+        with deadline(t_end):
+            model = build(cfg, impl, device, args.seed, args.fla_configs)
+            c = model.config
+            r.update(num_params=sum(p.numel() for p in model.parameters()), num_heads=c.num_heads,
+                     head_dim=c.key_dim, n_h=c.num_householder, gated=c.use_forget_gate, num_layers=c.num_layers,
+                     hidden_size=c.hidden_size, batch_size=B, seq_len=T)
+            if impl == "dpx":
+                from dpx.kernels.delta_product.chunk import backward_path
+                r["dpx_backward"] = backward_path(torch.bfloat16, c.num_householder, c.key_dim)
+            mixer = model.layers[0].attn
+            step, _, _ = layer_step(mixer, B, T, c.hidden_size, device)
+            r["layer"] = time_fn(step, 2, args.layer_iters, device)
+            r["layer"]["ms"] = 1e3 * r["layer"]["median_s"]
+            print(f"  {impl} layer fwd+bwd {r['layer']['ms']:.2f} ms (warm-up {r['layer']['warmup_s']} s)", flush=True)
+            if plain_layer:
+                mixer.fused = False
+                r["layer_plain"] = time_fn(step, 1, args.layer_iters, device)
+                r["layer_plain"]["ms"] = 1e3 * r["layer_plain"]["median_s"]
+                mixer.fused = None
+                print(f"  dpx plain-path layer fwd+bwd {r['layer_plain']['ms']:.2f} ms", flush=True)
+            del step
+            r["model"] = time_fn(lm_step(model, B, T, device), args.warmup, args.steps, device)
+            r["model"]["tokens_per_s"] = B * T / r["model"]["median_s"]
+            print(f"  {impl} LM {r['model']['tokens_per_s']:,.0f} tokens/s, peak "
+                  f"{r['model'].get('peak_gib', 0):.1f} GiB (warm-up {r['model']['warmup_s']} s)", flush=True)
+        r["status"] = "ok"
+    except OutOfBudget as e:
+        r["status"] = f"not finished: {e}"
+    except Exception as e:  # noqa: BLE001 - one failure is a result
+        r["status"] = f"failed: {_err(e)}"
+        print(f"  {impl}: {r['status']}", flush=True)
+    finally:
+        r["wall_s"] = round(time.time() - t0, 1)
+        del model
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return r
+
+
+def _get(d, *path):
+    for p in path:
+        d = d.get(p) if isinstance(d, dict) else None
+    return d
+
+
+def summarize(row: dict, fla_row: dict | None) -> None:
+    d = row["dpx"]
+    f = fla_row or {}
+    dt, ft = _get(d, "model", "tokens_per_s"), _get(f, "model", "tokens_per_s")
+    dl, fl = _get(d, "layer", "ms"), _get(f, "layer", "ms")
+    row["dpx_over_fla"] = dt / ft if dt and ft else None
+    row["layer_dpx_over_fla"] = fl / dl if dl and fl else None  # speed ratio (fla ms / dpx ms)
+    pl = _get(d, "layer_plain", "ms")
+    row["layer_fused_over_plain"] = pl / dl if dl and pl else None
+    row["peak_gib"] = {"dpx": _get(d, "model", "peak_gib"), "fla": _get(f, "model", "peak_gib")}
+
+
+def table(rows: list) -> str:
+    lines = ["| shape | variant | params dpx/fla (M) | dpx tok/s | fla tok/s (variant) | dpx/fla | dpx layer ms | "
+             "plain layer ms | fla layer ms | layer dpx/fla | peak GiB dpx/fla | status |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def f(v, spec):
+        return "-" if v is None else format(v, spec)
+    for r in rows:
+        d, fl = r["dpx"], r.get("fla_ref") or {}
+        pm = f"{f(_get(d, 'num_params') and d['num_params'] / 1e6, '.2f')}/" \
+             f"{f(_get(fl, 'num_params') and fl['num_params'] / 1e6, '.2f')}"
+        st = "; ".join(x for x in (d.get("status") != "ok" and f"dpx {d.get('status')}",
+                                   r.get("fla_note")) if x) or "ok"
+        lines.append(f"| {r['shape']} | {r['variant']} | {pm} | {f(_get(d, 'model', 'tokens_per_s'), ',.0f')} | "
+                     f"{f(_get(fl, 'model', 'tokens_per_s'), ',.0f')} ({r.get('fla_variant') or '-'}) | "
+                     f"{f(r.get('dpx_over_fla'), '.2f')} | {f(_get(d, 'layer', 'ms'), '.2f')} | "
+                     f"{f(_get(d, 'layer_plain', 'ms'), '.2f')} | {f(_get(fl, 'layer', 'ms'), '.2f')} | "
+                     f"{f(r.get('layer_dpx_over_fla'), '.2f')} | {f(r['peak_gib']['dpx'], '.1f')}/"
+                     f"{f(r['peak_gib']['fla'], '.1f')} | {st} |")
+    return "\n".join(lines)
+
+
+# -- main ------------------------------------------------------------------------------------------------------------
+
+def environment(device) -> dict:
+    import torch
+    env = {"date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "host": platform.node(),
+           "python": platform.python_version(), "torch": torch.__version__, "device": str(device)}
+    with contextlib.suppress(Exception):
+        env["commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                                       cwd=REPO).stdout.strip()
+    if device.type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(device)
+    for mod in ("triton", "fla"):
+        with contextlib.suppress(Exception):
+            env[mod] = __import__(mod).__version__
+    return env
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--wheels", default="", help="install DIR/*.whl (fla) into a temp dir first")
+    ap.add_argument("--parts", default="check,profile,measure")
+    ap.add_argument("--plan", default="", help=f"shape:variant,... in this order (default: {DEFAULT_PLAN})")
+    ap.add_argument("--shapes", default="", help="instead of --plan: these shapes x --variants")
+    ap.add_argument("--variants", default="2,g2,1,g1,3,g3")
+    ap.add_argument("--impls", default="dpx,fla")
+    ap.add_argument("--profile-shape", default="fig4:2")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--layer-iters", type=int, default=10)
+    ap.add_argument("--budget-s", type=float, default=225.0)
+    ap.add_argument("--fla-configs", type=int, default=1, help="autotune configs kept per fla kernel (0: all)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    t_start = time.time()
+    t_end = t_start + args.budget_s
+    _setup_paths(args.wheels or None)
+    import torch
+    device = torch.device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type != "cuda" and "triton" not in sys.modules:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # the CPU dry run checks the Triton ops interpreted
+    small = device.type != "cuda"
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    parts = set(args.parts.split(","))
+    impls = args.impls.split(",")
+    fla_err = fla_status(device) if "fla" in impls else "not requested"
+    if fla_err:
+        print(f"[layer_gpu] fla not measured: {fla_err}", flush=True)
+    env = environment(device)
+    env.update(fla_error=fla_err, args=vars(args))
+    print(f"[layer_gpu] {json.dumps(env)}", flush=True)
+
+    if "check" in parts:
+        t0 = time.time()
+        checks = {"env": env, "ops": [], "mixer": []}
+        try:
+            with deadline(t_end):
+                checks["ops"] = check_ops(device, small)
+                for r in checks["ops"]:
+                    print(f"  check {'ok  ' if r['ok'] else 'FAIL'} {r['dtype']:8} {r['case']}: "
+                          + ", ".join(f"{k} {v:.1e}" for k, v in r["errors"].items()), flush=True)
+                checks["mixer"] = check_mixer(device, small)
+                for r in checks["mixer"]:
+                    print(f"  check {'ok  ' if r['ok'] else 'FAIL'} {r['case']}: "
+                          + json.dumps({k: {a: f'{b:.1e}' for a, b in v.items()}
+                                        for k, v in r["errors_vs_plain_fp32"].items()}), flush=True)
+            checks["status"] = "ok"
+        except OutOfBudget as e:
+            checks["status"] = f"not finished: {e}"
+        except Exception as e:  # noqa: BLE001
+            checks["status"] = f"failed: {_err(e)}"
+            print(f"[layer_gpu] checks {checks['status']}", flush=True)
+        checks["all_ok"] = bool(checks["ops"]) and all(r["ok"] for r in checks["ops"] + checks["mixer"])
+        checks["wall_s"] = round(time.time() - t0, 1)
+        (out / "fused_checks.json").write_text(json.dumps(checks, indent=1))
+        print(f"[layer_gpu] checks: {'all ok' if checks['all_ok'] else 'NOT all ok'} ({checks['wall_s']} s)",
+              flush=True)
+
+    if "profile" in parts:
+        t0 = time.time()
+        shape, variant = args.profile_shape.split(":")
+        if small:
+            shape = "tiny"
+        cfg = model_config(shape, variant)
+        B, T = SHAPES[shape]["batch_size"], SHAPES[shape]["seq_len"]
+        profiles = {}
+        for impl in ("dpx fused", "dpx plain", "fla"):
+            if impl == "fla" and (fla_err or (variant.startswith("g") and fla_refuses_gated(device))):
+                profiles[impl] = f"not profiled: {fla_err or fla_refuses_gated(device)}"
+                continue
+            try:
+                with deadline(t_end):
+                    model = build(cfg, "fla" if impl == "fla" else "dpx", device, args.seed, args.fla_configs)
+                    mixer = model.layers[0].attn
+                    if impl == "dpx plain":
+                        mixer.fused = False
+                    profiles[impl] = profile_mixer(mixer, B, T, model.config.hidden_size, device)
+                    del model, mixer
+            except OutOfBudget as e:
+                profiles[impl] = f"not profiled: {e}"
+            except Exception as e:  # noqa: BLE001
+                profiles[impl] = f"not profiled: {_err(e)}"
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        title = (f"One mixer, {shape} variant {variant} (B={B}, T={T}, bf16 autocast): self device time per op/kernel "
+                 f"({env.get('gpu', device.type)}, torch {env['torch']}, triton {env.get('triton')}, fla "
+                 f"{env.get('fla', '-')}, commit {env.get('commit', '?')[:10]}, {env['date_utc']} UTC)")
+        (out / "layer_profile.md").write_text(profile_markdown(profiles, title) + "\n")
+        (out / "layer_profile.json").write_text(json.dumps(profiles, indent=1))
+        print(f"[layer_gpu] profile written ({time.time() - t0:.0f} s)", flush=True)
+
+    if "measure" in parts:
+        if args.plan:
+            plan = [tuple(p.split(":")) for p in args.plan.split(",")]
+        elif args.shapes:
+            plan = [(s, v) for s in args.shapes.split(",") for v in args.variants.split(",")]
+        else:
+            plan = [tuple(p.split(":")) for p in DEFAULT_PLAN.split(",")]
+        report = {"env": env, "rows": [], "fla_rows": {}}
+        name = out / f"lm_throughput_{'h200' if 'H200' in env.get('gpu', '') else device.type}.json"
+        fla_rows = report["fla_rows"]
+        for shape, variant in plan:
+            print(f"[layer_gpu] {shape}:{variant} ({time.time() - t_start:.0f} s)", flush=True)
+            cfg = model_config(shape, variant)
+            row = {"shape": shape, "variant": variant, "n_h": int(variant.lstrip("g")),
+                   "gated": variant.startswith("g")}
+            row["dpx"] = measure_one(cfg, "dpx", shape, device, args, t_end, plain_layer=True)
+            fla_v = variant
+            note = ""
+            if "fla" in impls and not fla_err:
+                if variant.startswith("g") and fla_refuses_gated(device):
+                    fla_v = variant[1:]
+                    note = f"{fla_refuses_gated(device)}: compared with fla's non-gated {shape}:{fla_v}"
+                key = f"{shape}:{fla_v}"
+                if key not in fla_rows:
+                    fla_rows[key] = measure_one(model_config(shape, fla_v), "fla", shape, device, args, t_end,
+                                                plain_layer=False)
+                row["fla_ref"] = fla_rows[key]
+                row["fla_variant"] = fla_v
+                if fla_rows[key].get("status") != "ok":
+                    note = (note + "; " if note else "") + f"fla {fla_rows[key].get('status')}"
+            else:
+                note = f"fla not measured: {fla_err}"
+            row["fla_note"] = note
+            summarize(row, row.get("fla_ref"))
+            report["rows"].append(row)
+            name.write_text(json.dumps(report, indent=1, default=str))
+        report["table"] = table(report["rows"])
+        name.write_text(json.dumps(report, indent=1, default=str))
+        (out / "lm_throughput_table.md").write_text(report["table"] + "\n")
+        print(report["table"], flush=True)
+    print(f"[layer_gpu] done in {time.time() - t_start:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
