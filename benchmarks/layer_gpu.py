@@ -201,7 +201,8 @@ def build(cfg: dict, impl: str, device, seed: int = 0, fla_configs: int = 0):
     import torch
     from dpx.models import build_model
     torch.manual_seed(seed)
-    model = build_model(cfg)
+    with torch.device(device):  # initialise on the GPU (seconds faster for 150M parameters than on the CPU)
+        model = build_model(cfg)
     if impl == "fla":
         for block in model.layers:
             block.attn = FlaMixer.make(model.config)
@@ -313,6 +314,79 @@ def lm_step(model, B, T, device):
         opt.step()
         opt.zero_grad(set_to_none=True)
     return step
+
+
+# -- compile warm-up in parallel ---------------------------------------------------------------------------------
+
+def warm_one(spec: str, fla_configs: int) -> int:
+    """Worker (`--_warm shape:variant:impl`): one mixer's bf16 forward + backward at the shape's sequence length,
+    so that every Triton kernel of that variant is compiled into the shared on-disk cache (TRITON_CACHE_DIR).
+    Autotuning runs here too (on a busy GPU, so its choice is discarded); the main process re-tunes from the
+    cached binaries, which takes milliseconds per config instead of a compile."""
+    import torch
+    from dpx.models import ModelConfig
+    from dpx.models.matching import resolve
+    from dpx.models.mixers import get_mixer
+    shape, variant, impl = spec.split(":")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    c = resolve(ModelConfig.from_dict(model_config(shape, variant)))
+    torch.manual_seed(0)
+    with torch.device(device):
+        mixer = FlaMixer.make(c) if impl == "fla" else get_mixer(c.family)(c)
+    if impl == "fla":
+        prune_fla_autotune(fla_configs)
+    mixer.train()
+    step, _, _ = layer_step(mixer, 2, SHAPES[shape]["seq_len"], c.hidden_size, device)
+    step()
+    if impl == "dpx":  # the plain path's kernels too (the same delta kernels, torch glue)
+        mixer.fused = False
+        step()
+    _sync(device)
+    return 0
+
+
+def start_warmup(specs: list[str], args) -> list:
+    """Launch up to --precompile-jobs worker processes; the rest are started by `wait_warmup` as slots free up."""
+    state = {"queue": list(specs), "running": [], "done": []}
+    _fill(state, args)
+    return state
+
+
+def _fill(state, args):
+    while state["queue"] and len(state["running"]) < args.precompile_jobs:
+        spec = state["queue"].pop(0)
+        log = open(Path(args.out) / f"warm_{spec.replace(':', '_')}.log", "w")
+        cmd = [sys.executable, __file__, "--out", args.out, "--_warm", spec, "--fla-configs", str(args.fla_configs)]
+        if args.wheels:
+            cmd += ["--wheels", args.wheels]
+        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
+        state["running"].append((spec, p, log, time.time()))
+
+
+def wait_warmup(state, args, t_until: float) -> dict:
+    """Wait for the workers (until t_until: then kill the rest); {spec: 'ok in N s' | 'failed (rc)' | 'killed'}."""
+    res = {}
+    while state["running"] or state["queue"]:
+        for item in list(state["running"]):
+            spec, p, log, t0 = item
+            rc = p.poll()
+            if rc is not None:
+                log.close()
+                res[spec] = f"ok in {time.time() - t0:.0f} s" if rc == 0 else f"failed (rc {rc})"
+                state["running"].remove(item)
+        _fill(state, args)
+        if time.time() > t_until:
+            for spec, p, log, t0 in state["running"]:
+                p.kill()
+                p.wait()
+                log.close()
+                res[spec] = "killed (warm-up time limit)"
+            for spec in state["queue"]:
+                res[spec] = "not started (warm-up time limit)"
+            state["running"], state["queue"] = [], []
+            break
+        time.sleep(0.5)
+    return res
 
 
 # -- part 1: checks ------------------------------------------------------------------------------------------------
@@ -614,6 +688,14 @@ def table(rows: list) -> str:
     return "\n".join(lines)
 
 
+def _plan(args) -> list:
+    if args.plan:
+        return [tuple(p.split(":")) for p in args.plan.split(",")]
+    if args.shapes:
+        return [(s, v) for s in args.shapes.split(",") for v in args.variants.split(",")]
+    return [tuple(p.split(":")) for p in DEFAULT_PLAN.split(",")]
+
+
 # -- main ------------------------------------------------------------------------------------------------------------
 
 def environment(device) -> dict:
@@ -648,7 +730,14 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=225.0)
     ap.add_argument("--fla-configs", type=int, default=1, help="autotune configs kept per fla kernel (0: all)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--precompile-jobs", type=int, default=12, help="parallel compile warm-up workers (0: none)")
+    ap.add_argument("--precompile-s", type=float, default=110.0, help="longest wait for the warm-up workers")
+    ap.add_argument("--_warm", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    os.environ.setdefault("TRITON_CACHE_DIR", str(Path(tempfile.gettempdir()) / "dpx_layer_gpu_triton"))
+    if args._warm:
+        _setup_paths(args.wheels or None)
+        return warm_one(args._warm, args.fla_configs)
     t_start = time.time()
     t_end = t_start + args.budget_s
     _setup_paths(args.wheels or None)
@@ -667,6 +756,20 @@ def main(argv=None) -> int:
     env = environment(device)
     env.update(fla_error=fla_err, args=vars(args))
     print(f"[layer_gpu] {json.dumps(env)}", flush=True)
+    plan = _plan(args)
+    warm = None
+    if (device.type == "cuda" or os.environ.get("DPX_LAYER_GPU_WARM_CPU")) and args.precompile_jobs > 0 \
+            and parts & {"profile", "measure"}:
+        specs = []
+        prof = [("tiny" if small else args.profile_shape.split(":")[0], args.profile_shape.split(":")[1])]
+        for shape, variant in (prof if "profile" in parts else []) + (plan if "measure" in parts else []):
+            specs.append(f"{shape}:{variant}:dpx")
+            if "fla" in impls and not fla_err:
+                fv = variant[1:] if variant.startswith("g") and fla_refuses_gated(device) else variant
+                specs.append(f"{shape}:{fv}:fla")
+        warm = start_warmup(list(dict.fromkeys(specs)), args)
+        print(f"[layer_gpu] compile warm-up: {len(dict.fromkeys(specs))} workers, {args.precompile_jobs} at a time",
+              flush=True)
 
     if "check" in parts:
         t0 = time.time()
@@ -693,6 +796,12 @@ def main(argv=None) -> int:
         (out / "fused_checks.json").write_text(json.dumps(checks, indent=1))
         print(f"[layer_gpu] checks: {'all ok' if checks['all_ok'] else 'NOT all ok'} ({checks['wall_s']} s)",
               flush=True)
+
+    if warm is not None:  # nothing timed runs while workers share the GPU
+        t0 = time.time()
+        env["warmup"] = wait_warmup(warm, args, min(t_end, t_start + args.precompile_s))
+        env["warmup_wall_s"] = round(time.time() - t0, 1)
+        print(f"[layer_gpu] compile warm-up done after {env['warmup_wall_s']} s more: {env['warmup']}", flush=True)
 
     if "profile" in parts:
         t0 = time.time()
@@ -729,12 +838,6 @@ def main(argv=None) -> int:
         print(f"[layer_gpu] profile written ({time.time() - t0:.0f} s)", flush=True)
 
     if "measure" in parts:
-        if args.plan:
-            plan = [tuple(p.split(":")) for p in args.plan.split(",")]
-        elif args.shapes:
-            plan = [(s, v) for s in args.shapes.split(",") for v in args.variants.split(",")]
-        else:
-            plan = [tuple(p.split(":")) for p in DEFAULT_PLAN.split(",")]
         report = {"env": env, "rows": [], "fla_rows": {}}
         name = out / f"lm_throughput_{'h200' if 'H200' in env.get('gpu', '') else device.type}.json"
         fla_rows = report["fla_rows"]
