@@ -57,7 +57,8 @@ def _x(*shape, seed=0, grad=True, scale=1.0):
 
 
 @pytest.mark.parametrize("T, C, group, bias, cache, act", [
-    (70, 16, 8, False, False, True),   # two row blocks, L2 over groups of 8 (q/k)
+    (70, 16, 8, False, False, True),   # three forward row blocks, L2 over groups of 8 (q/k)
+    (150, 8, 4, True, False, True),    # two backward programs of 8 tiles (partial weight gradients summed)
     (70, 12, 6, True, True, True),     # group not a power of two (head dim 85 at table3), bias, decode cache
     (9, 40, None, False, True, True),  # no norm (v), short sequence with cache
     (5, 8, None, True, False, False),  # no activation
