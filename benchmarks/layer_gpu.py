@@ -13,8 +13,8 @@ interrupts a measurement that runs past it; every file is rewritten after each r
   check    every fused op of kernels/fused (short conv + SiLU + L2 norm, L2 norm, gated RMSNorm) in float32 and
            bf16 against its plain PyTorch form in float64 on the same GPU, forward and gradients, at layer shapes
            (head dims 128 and 85, column slices of one projection, with and without a decode cache); and the
-           whole mixer's fused path against its plain path (float32, and bf16 autocast vs the float32 plain path),
-           with the delta kernel's autotuning on.                                   -> $OUT/fused_checks.json
+           whole mixer, fused and plain path in bf16 autocast on the autotuned delta kernel, against the plain path
+           in float64 (fused no less accurate than plain).                          -> $OUT/fused_checks.json
   profile  torch.profiler of one mixer forward and one backward (separately), per op and per kernel: dpx fused,
            dpx plain (the path before this work), fla's GatedDeltaProduct, at --profile-shape (fig4, n_h=2, not
            gated: fla's gated backward refuses to run on Triton < 3.7.1).            -> $OUT/layer_profile.md
@@ -398,7 +398,7 @@ def _rel(a, b) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-TOL = {"float32": 1e-5, "bfloat16": 1.2e-2}  # relative RMS vs float64 (bf16: one rounding of the output ~ 3e-3)
+TOL = {"float32": 1e-5, "bfloat16": 1e-2}  # relative RMS vs float64 on the same inputs (bf16 output rounding ~3e-3)
 
 
 def _op_case(name, fast, ref, inputs, dtype, device, seed):
@@ -408,11 +408,13 @@ def _op_case(name, fast, ref, inputs, dtype, device, seed):
     outs, grads = [], []
     dy = None
     for f, dt in ((fast, dtype), (ref, torch.float64)):
-        xs = [None if x is None else x.detach().to(device, dt).requires_grad_(x.requires_grad) for x in inputs]
+        # the reference sees the same (rounded) inputs and cotangent: the errors are the op's own
+        xs = [None if x is None else x.detach().to(device, dtype).to(dt).requires_grad_(x.requires_grad)
+              for x in inputs]
         o = f(*xs)
         o = o[0] if isinstance(o, tuple) else o
         if dy is None:
-            dy = torch.randn(o.shape, generator=g).to(device)
+            dy = torch.randn(o.shape, generator=g).to(device, dtype)
         o.backward(dy.to(o.dtype))
         outs.append(o)
         grads.append([x.grad if x is not None and x.requires_grad else None for x in xs])
@@ -426,93 +428,104 @@ def _op_case(name, fast, ref, inputs, dtype, device, seed):
 
 
 def check_ops(device, small: bool) -> list[dict]:
+    """bf16 at the specialisations the measured layers use (so the compiles are shared), float32 and the decode
+    cache on one case each. Inputs are column slices of a wider tensor, as the fused path passes them."""
     import torch
     from dpx.kernels import fused
 
-    def slice_of(x, extra=96):  # x as a column slice of one wider projection output
+    def slice_of(x, extra=96):
         return torch.nn.functional.pad(x, (32, extra))[..., 32:32 + x.shape[-1]]
 
-    B, T = (2, 40) if small else (4, 1000)
+    B, T = (2, 40) if small else (4, 1024)
+    bf, f32 = torch.bfloat16, torch.float32
+    conv = [(bf, 128, 8, False), (bf, 85, 4, False), (bf, None, 16, False), (f32, 128, 8, True), (f32, 85, 4, False)]
+    l2 = [(bf, 128), (f32, 85)]
+    norm = [(bf, 128, False), (bf, 85, False), (bf, 128, True), (f32, 128, True), (f32, 85, False)]
     rows = []
     seed = 0
-    for dt in (torch.float32, torch.bfloat16):
-        for D, heads, cache in ((128, 8, False), (85, 4, True), (None, 16, False)):
-            C = (D or 64) * heads
-            seed += 1
-            gen = torch.Generator().manual_seed(seed)
-            x = torch.randn(B, T, C, generator=gen).requires_grad_()
-            w = (0.5 * torch.randn(C, 4, generator=gen)).requires_grad_()
-            c = torch.randn(B, 3, C, generator=gen) if cache else None
-            rows.append(_op_case(f"causal_conv1d C={C} l2_group={D} cache={cache}",
-                                 lambda x, w, c: fused.causal_conv1d(slice_of(x), w, None, c, True, D, impl="triton"),
-                                 lambda x, w, c: fused.naive_causal_conv1d(x, w, None, c, True, D),
-                                 [x, w, c], dt, device, seed))
-        for D in (128, 85):
-            seed += 1
-            gen = torch.Generator().manual_seed(seed)
-            x = torch.randn(B, T, 4 * D, generator=gen).requires_grad_()
-            rows.append(_op_case(f"l2norm(silu) D={D}",
-                                 lambda x: fused.l2norm(slice_of(x), D, True, impl="triton"),
-                                 lambda x: fused.naive_l2norm(x, D, True), [x], dt, device, seed))
-            for gate in (False, True):
-                seed += 1
-                gen = torch.Generator().manual_seed(seed)
-                x = torch.randn(B, T, 4, D, generator=gen).requires_grad_()
-                w = (1 + 0.3 * torch.randn(D, generator=gen)).requires_grad_()
-                gt = torch.randn(B, T, 4 * D, generator=gen).requires_grad_() if gate else None
-                rows.append(_op_case(
-                    f"rms_norm_gated D={D} gate={gate}",
-                    lambda x, w, gt: fused.rms_norm_gated(x, w, None if gt is None else slice_of(gt), 1e-6,
-                                                          impl="triton"),
-                    lambda x, w, gt: fused.naive_rms_norm_gated(x, w, gt, 1e-6), [x, w, gt], dt, device, seed))
+    for dt, D, heads, cache in conv:
+        C = (D or 64) * heads
+        seed += 1
+        gen = torch.Generator().manual_seed(seed)
+        x = torch.randn(B, T, C, generator=gen).requires_grad_()
+        w = (0.5 * torch.randn(C, 4, generator=gen)).requires_grad_()
+        c = torch.randn(B, 3, C, generator=gen) if cache else None
+        rows.append(_op_case(f"causal_conv1d C={C} l2_group={D} cache={cache}",
+                             lambda x, w, c, D=D: fused.causal_conv1d(slice_of(x), w, None, c, True, D, impl="triton"),
+                             lambda x, w, c, D=D: fused.naive_causal_conv1d(x, w, None, c, True, D),
+                             [x, w, c], dt, device, seed))
+    for dt, D in l2:
+        seed += 1
+        gen = torch.Generator().manual_seed(seed)
+        x = torch.randn(B, T, 4 * D, generator=gen).requires_grad_()
+        rows.append(_op_case(f"l2norm(silu) D={D}", lambda x, D=D: fused.l2norm(slice_of(x), D, True, impl="triton"),
+                             lambda x, D=D: fused.naive_l2norm(x, D, True), [x], dt, device, seed))
+    for dt, D, gate in norm:
+        seed += 1
+        gen = torch.Generator().manual_seed(seed)
+        x = torch.randn(B, T, 4, D, generator=gen).requires_grad_()
+        w = (1 + 0.3 * torch.randn(D, generator=gen)).requires_grad_()
+        gt = torch.randn(B, T, 4 * D, generator=gen).requires_grad_() if gate else None
+        rows.append(_op_case(
+            f"rms_norm_gated D={D} gate={gate}",
+            lambda x, w, gt: fused.rms_norm_gated(x, w, None if gt is None else slice_of(gt), 1e-6, impl="triton"),
+            lambda x, w, gt: fused.naive_rms_norm_gated(x, w, gt, 1e-6), [x, w, gt], dt, device, seed))
     return rows
 
 
 def check_mixer(device, small: bool) -> list[dict]:
-    """The mixer's fused path vs its plain path: float32 (both on the delta kernel), and the fused bf16-autocast
-    path's error vs the float32 plain path next to the plain bf16 path's own error."""
+    """The whole mixer: fused path and plain path, both bf16 autocast on the Triton delta kernel (autotuned),
+    against the plain path in float64 (the PyTorch chunkwise kernel, on the same device); the fused path must be
+    no less accurate than the plain one. The cases are the fig4 g2 and table3 2 layers (compiles shared with the
+    measurements); on the CPU, the float32 fused path against the float64 plain path instead."""
     import torch
     from dpx.models import ModelConfig
     from dpx.models.mixers.delta import DeltaProductMixer
     rows = []
-    cases = [("gated_deltaproduct", 2, 128, True), ("deltaproduct", 3, 64, False), ("gated_deltanet", 1, 128, False),
-             ("deltaproduct", 2, 85, False)]
-    B, T, d = (1, 40, 64) if small else (2, 512, 512)
-    for family, n, K, out_gate in cases:
-        cfg = ModelConfig(family=family, hidden_size=d, num_heads=2, head_dim=K, num_householder=n,
-                          allow_neg_eigval=True, use_output_gate=out_gate)
+    if small:
+        cases, (B, T) = [("gated_deltaproduct", 64, 2, 2, 32, True), ("deltaproduct", 64, 2, 3, 16, False)], (1, 40)
+    else:
+        cases, (B, T) = [("gated_deltaproduct", 1024, 8, 2, 128, False), ("deltaproduct", 512, 4, 2, 85, False)], \
+            (2, 512)
+    for family, d, H, n, K, out_gate in cases:
+        kw = dict(family=family, hidden_size=d, num_heads=H, head_dim=K, num_householder=n, allow_neg_eigval=True,
+                  use_output_gate=out_gate)
         torch.manual_seed(0)
-        m = DeltaProductMixer(cfg).to(device)
+        m = DeltaProductMixer(ModelConfig(**kw)).to(device)
+        ref_m = DeltaProductMixer(ModelConfig(**kw, impl="torch")).to(device).double()
+        ref_m.load_state_dict(m.state_dict())
         gen = torch.Generator().manual_seed(1)
         x = torch.randn(B, T, d, generator=gen).to(device)
         dy = torch.randn(B, T, d, generator=gen).to(device)
 
-        def run(fused_on, amp):
-            m.fused = fused_on
-            xx = x.clone().requires_grad_()
-            ctx = _autocast(device) if amp else contextlib.nullcontext()
-            with ctx:
-                y, st = m(xx)
-            y.float().backward(dy)
-            gr = {k: p.grad.clone() for k, p in m.named_parameters()}
-            m.zero_grad(set_to_none=True)
-            return y.float(), st["S"].float(), xx.grad.float(), gr
-        ref = run(False, False)
-        res = {"fused_fp32": run(True, False)}
+        def run(mod, fused_on, dtype, amp):
+            mod.fused = fused_on
+            xx = x.to(dtype).requires_grad_()
+            with (_autocast(device) if amp else contextlib.nullcontext()):
+                y, st = mod(xx)
+            y.backward(dy.to(y.dtype))
+            gr = {k: p.grad.double() for k, p in mod.named_parameters()}
+            mod.zero_grad(set_to_none=True)
+            mod.fused = None
+            return y.double(), st["S"].double(), xx.grad.double(), gr
+        ref = run(ref_m, False, torch.float64, False)
         if device.type == "cuda":
-            res["fused_bf16"], res["plain_bf16"] = run(True, True), run(False, True)
-        m.fused = None
-        row = {"case": f"mixer {family} n_h={n} K={K} out_gate={out_gate}", "errors_vs_plain_fp32": {}}
+            res = {"fused_bf16": run(m, True, torch.float32, True), "plain_bf16": run(m, False, torch.float32, True)}
+        else:
+            res = {"fused_fp32": run(m, True, torch.float32, False)}
+        row = {"case": f"mixer {family} d={d} H={H} n_h={n} K={K} out_gate={out_gate}", "errors_vs_plain_fp64": {}}
         for key, r in res.items():
             e = {"y": _rel(r[0], ref[0]), "S": _rel(r[1], ref[1]), "dx": _rel(r[2], ref[2])}
             e["dparams_max"] = max(_rel(r[3][k], ref[3][k]) for k in ref[3])
-            row["errors_vs_plain_fp32"][key] = e
-        ok = all(v < 1e-4 for v in row["errors_vs_plain_fp32"]["fused_fp32"].values())
-        if "fused_bf16" in res:  # the fused bf16 path no less accurate than the plain bf16 path (20% slack)
-            fb, pb = row["errors_vs_plain_fp32"]["fused_bf16"], row["errors_vs_plain_fp32"]["plain_bf16"]
-            ok = ok and all(fb[k] <= 1.2 * pb[k] + 1e-3 for k in fb)
+            row["errors_vs_plain_fp64"][key] = e
+        if "fused_fp32" in res:
+            ok = all(v < 1e-4 for v in row["errors_vs_plain_fp64"]["fused_fp32"].values())
+        else:  # the fused bf16 path no less accurate than the plain bf16 path (20% slack)
+            fb, pb = row["errors_vs_plain_fp64"]["fused_bf16"], row["errors_vs_plain_fp64"]["plain_bf16"]
+            ok = all(fb[k] <= 1.2 * pb[k] + 1e-3 for k in fb)
         row["ok"] = ok
         rows.append(row)
+        del m, ref_m
     return rows
 
 
@@ -784,7 +797,7 @@ def main(argv=None) -> int:
                 for r in checks["mixer"]:
                     print(f"  check {'ok  ' if r['ok'] else 'FAIL'} {r['case']}: "
                           + json.dumps({k: {a: f'{b:.1e}' for a, b in v.items()}
-                                        for k, v in r["errors_vs_plain_fp32"].items()}), flush=True)
+                                        for k, v in r["errors_vs_plain_fp64"].items()}), flush=True)
             checks["status"] = "ok"
         except OutOfBudget as e:
             checks["status"] = f"not finished: {e}"
