@@ -440,7 +440,8 @@ def check_ops(device, small: bool) -> list[dict]:
     bf, f32 = torch.bfloat16, torch.float32
     conv = [(bf, 128, 8, False), (bf, 85, 4, False), (bf, None, 16, False), (f32, 128, 8, True), (f32, 85, 4, False)]
     l2 = [(bf, 128), (f32, 85)]
-    norm = [(bf, 128, False), (bf, 85, False), (bf, 128, True), (f32, 128, True), (f32, 85, False)]
+    norm = [(bf, 128, False), (bf, 85, False), (bf, 128, True), (f32, 128, True), (f32, 85, False),
+            (f32, 1024, False), (f32, 512, False)]  # the last two: the LM's block norms (fig4, table3)
     rows = []
     seed = 0
     for dt, D, heads, cache in conv:
@@ -741,7 +742,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--layer-iters", type=int, default=10)
     ap.add_argument("--budget-s", type=float, default=225.0)
-    ap.add_argument("--fla-configs", type=int, default=1, help="autotune configs kept per fla kernel (0: all)")
+    ap.add_argument("--fla-configs", type=int, default=2, help="autotune configs kept per fla kernel (0: all)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--precompile-jobs", type=int, default=12, help="parallel compile warm-up workers (0: none)")
     ap.add_argument("--precompile-s", type=float, default=110.0, help="longest wait for the warm-up workers")

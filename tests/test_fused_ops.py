@@ -219,3 +219,26 @@ def test_plain_path_on_cpu_by_default():
     assert not m._use_fused(x, {}, "chunk")
     m.fused = True
     assert m._use_fused(x, {}, "chunk") and not m._use_fused(x, {}, "recurrent")
+
+
+def test_block_rmsnorm_fused_matches_plain(monkeypatch):
+    """models/layers.py:RMSNorm through the fused op (wide rows: a few rows per program; the backward's row-block
+    loop with more blocks than programs) against its plain form in float64."""
+    from dpx.kernels.fused import fused_norm_gate
+    from dpx.models.layers import RMSNorm
+    monkeypatch.setattr(fused_norm_gate, "MAX_PROGRAMS_BWD", 3)
+    norm = RMSNorm(96, 1e-6).double()
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x = _x(4, 50, 96, seed=15)  # 200 rows: 7 blocks of 32 for 3 backward programs
+    dy = torch.randn(4, 50, 96, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    norm.fused = False
+    y0 = norm(x)
+    g0 = torch.autograd.grad(y0, [x, norm.weight], dy)
+    nf = norm.float()
+    nf.fused, nf.fused_impl = True, "triton"
+    xf = x.detach().float().requires_grad_()
+    y1 = nf(xf)
+    g1 = torch.autograd.grad(y1, [xf, nf.weight], dy.float())
+    assert rel(y1, y0) < TOL and all(rel(a, b) < TOL for a, b in zip(g1, g0))
+    assert not RMSNorm(8)._use_fused(torch.zeros(1, 8))  # plain on CPU by default

@@ -33,7 +33,12 @@ def rms_norm_gated(x, weight, gate=None, eps: float = 1e-6, impl: str = "auto"):
     return RMSNormGatedFn.apply(x, weight, gate, eps)
 
 
-BR = 32  # rows (token-heads) per program
+MAX_PROGRAMS_BWD = 1024  # the backward loops over row blocks, so the weight-gradient partials stay small
+
+
+def _br(D: int) -> int:
+    """Rows per program: a [BR, next_pow2(D)] float32 tile of about 4K elements (32 rows at head dim 128)."""
+    return max(1, min(32, 4096 // triton.next_power_of_2(D)))
 
 
 def _gate_rows(gate, x):
@@ -61,6 +66,7 @@ class RMSNormGatedFn(torch.autograd.Function):
             g2, sgt = x2, 0
         y = torch.empty_like(x2)
         rstd = torch.empty(N, device=x.device, dtype=torch.float32)
+        BR = _br(D)
         _rms_fwd_kernel[(triton.cdiv(N, BR),)](x2, weight, g2, y, rstd, N, H, sgt, eps, D=D,
                                                BD=triton.next_power_of_2(D), BR=BR, HAS_GATE=gate is not None)
         ctx.save_for_backward(x2, weight, g2 if gate is not None else None, rstd)
@@ -73,11 +79,13 @@ class RMSNormGatedFn(torch.autograd.Function):
         shape, H, sgt, gshape, gdtype = ctx.cfg
         N, D = x2.shape
         dy = dy.reshape(N, D).contiguous()
-        NP = triton.cdiv(N, BR)
+        BR = _br(D)
+        NB = triton.cdiv(N, BR)
+        NP = min(NB, MAX_PROGRAMS_BWD)
         dx = torch.empty_like(x2)
         dw = torch.empty(NP, D, device=x2.device, dtype=torch.float32)
         dg = torch.empty(N, D, device=x2.device, dtype=gdtype) if g2 is not None else dx
-        _rms_bwd_kernel[(NP,)](x2, weight, g2 if g2 is not None else x2, dy, rstd, dx, dw, dg, N, H, sgt, D=D,
+        _rms_bwd_kernel[(NP,)](x2, weight, g2 if g2 is not None else x2, dy, rstd, dx, dw, dg, N, NB, H, sgt, D=D,
                                BD=triton.next_power_of_2(D), BR=BR, HAS_GATE=g2 is not None)
         dgate = dg.view(gshape) if g2 is not None else None
         return dx.view(shape), dw.sum(0).to(weight.dtype), dgate, None
@@ -103,26 +111,30 @@ def _rms_fwd_kernel(x, w, g, y, rstd, N, H, sgt, eps, D: tl.constexpr, BD: tl.co
 
 
 @triton.jit
-def _rms_bwd_kernel(x, w, g, dy, rstd, dx, dw, dg, N, H, sgt, D: tl.constexpr, BD: tl.constexpr,
+def _rms_bwd_kernel(x, w, g, dy, rstd, dx, dw, dg, N, NB, H, sgt, D: tl.constexpr, BD: tl.constexpr,
                     BR: tl.constexpr, HAS_GATE: tl.constexpr):
+    """Programs loop over row blocks pid, pid + P, ...; each writes one float32 partial of the weight gradient."""
     pid = tl.program_id(0)
-    rows = (pid * BR + tl.arange(0, BR)).to(tl.int64)
     cols = tl.arange(0, BD)
     cm = cols < D
-    m = (rows < N)[:, None] & cm[None, :]
-    xv = tl.load(x + rows[:, None] * D + cols[None, :], mask=m, other=0.).to(tl.float32)
-    dyv = tl.load(dy + rows[:, None] * D + cols[None, :], mask=m, other=0.).to(tl.float32)
-    r = tl.load(rstd + rows, mask=rows < N, other=0.)
     wv = tl.load(w + cols, mask=cm, other=0.).to(tl.float32)
-    xh = xv * r[:, None]
-    if HAS_GATE:
-        gp = g + (rows // H)[:, None] * sgt + (rows % H)[:, None] * D + cols[None, :]
-        gv = tl.load(gp, mask=m, other=0.).to(tl.float32)
-        sg = tl.sigmoid(gv)
-        dgv = dyv * xh * wv[None, :] * sg * (1 + gv * (1 - sg))
-        tl.store(dg + rows[:, None] * D + cols[None, :], dgv.to(dg.dtype.element_ty), mask=m)
-        dyv = dyv * gv * sg
-    tl.store(dw + pid * D + cols, tl.sum(dyv * xh, axis=0), mask=cm)
-    dxh = dyv * wv[None, :]
-    dxv = (dxh - xh * (tl.sum(dxh * xh, axis=1) / D)[:, None]) * r[:, None]
-    tl.store(dx + rows[:, None] * D + cols[None, :], dxv.to(dx.dtype.element_ty), mask=m)
+    dw_acc = tl.zeros([BD], dtype=tl.float32)
+    for blk in range(pid, NB, tl.num_programs(0)):
+        rows = (blk * BR + tl.arange(0, BR)).to(tl.int64)
+        m = (rows < N)[:, None] & cm[None, :]
+        xv = tl.load(x + rows[:, None] * D + cols[None, :], mask=m, other=0.).to(tl.float32)
+        dyv = tl.load(dy + rows[:, None] * D + cols[None, :], mask=m, other=0.).to(tl.float32)
+        r = tl.load(rstd + rows, mask=rows < N, other=0.)
+        xh = xv * r[:, None]
+        if HAS_GATE:
+            gp = g + (rows // H)[:, None] * sgt + (rows % H)[:, None] * D + cols[None, :]
+            gv = tl.load(gp, mask=m, other=0.).to(tl.float32)
+            sg = tl.sigmoid(gv)
+            dgv = dyv * xh * wv[None, :] * sg * (1 + gv * (1 - sg))
+            tl.store(dg + rows[:, None] * D + cols[None, :], dgv.to(dg.dtype.element_ty), mask=m)
+            dyv = dyv * gv * sg
+        dw_acc += tl.sum(dyv * xh, axis=0)
+        dxh = dyv * wv[None, :]
+        dxv = (dxh - xh * (tl.sum(dxh * xh, axis=1) / D)[:, None]) * r[:, None]
+        tl.store(dx + rows[:, None] * D + cols[None, :], dxv.to(dx.dtype.element_ty), mask=m)
+    tl.store(dw + pid * D + cols, dw_acc, mask=cm)
