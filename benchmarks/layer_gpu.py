@@ -157,20 +157,26 @@ def fla_layer_class():
 
 
 def prune_fla_autotune(n: int) -> int:
-    """Keep n configs (closest to 4 warps, 2 stages) in every autotuned fla kernel imported so far; returns how
-    many kernels were pruned."""
-    if n <= 0:
-        return 0
+    """Keep n configs (closest to 4 warps, 2 stages; n <= 0: all) in every autotuned fla kernel imported so far,
+    and turn off fla's on-disk autotune results; returns how many kernels were pruned."""
+    n = n if n > 0 else 10 ** 9
     from triton.runtime.autotuner import Autotuner
     done = 0
     for name, mod in list(sys.modules.items()):
         if not name.startswith("fla") or mod is None:
             continue
         for obj in list(vars(mod).values()):
-            if isinstance(obj, Autotuner) and len(obj.configs) > n and not getattr(obj, "_dpx_pruned", False):
-                obj.configs = sorted(obj.configs, key=lambda c: (abs(c.num_warps - 4), abs(c.num_stages - 2)))[:n]
+            for _ in range(4):  # @triton.heuristics (or another wrapper) around @triton.autotune: follow .fn
+                if isinstance(obj, Autotuner) or not hasattr(obj, "fn"):
+                    break
+                obj = obj.fn
+            if isinstance(obj, Autotuner) and not getattr(obj, "_dpx_pruned", False):
+                if hasattr(obj, "cache_results"):  # no autotune results from the disk cache: the warm-up workers
+                    obj.cache_results = False       # tuned on a shared GPU; this process tunes for itself
+                if len(obj.configs) > n:
+                    obj.configs = sorted(obj.configs, key=lambda c: (abs(c.num_warps - 4), abs(c.num_stages - 2)))[:n]
+                    done += 1
                 obj._dpx_pruned = True
-                done += 1
     return done
 
 
