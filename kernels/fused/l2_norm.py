@@ -69,7 +69,7 @@ class L2NormFn(torch.autograd.Function):
         dx = torch.empty(M, C, device=x2.device, dtype=x2.dtype)
         _l2_bwd_kernel[(triton.cdiv(M, BM), C // group)](x2, dy, dx, M, C, x2.stride(0), eps, D=group,
                                                            BD=triton.next_power_of_2(group), BM=BM,
-                                                           ACT=bool(activation))
+                                                           ACT=bool(activation), num_warps=8)
         return dx.view(*lead, C), None, None, None
 
 
