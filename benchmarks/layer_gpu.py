@@ -351,48 +351,67 @@ def warm_one(spec: str, fla_configs: int) -> int:
     return 0
 
 
-def start_warmup(specs: list[str], args) -> list:
-    """Launch up to --precompile-jobs worker processes; the rest are started by `wait_warmup` as slots free up."""
-    state = {"queue": list(specs), "running": [], "done": []}
-    _fill(state, args)
-    return state
+class WarmPool:
+    """Worker processes (`--_warm spec`), at most `jobs` at a time, refilled by a background thread; `join`
+    waits until all are done or a wall-clock limit passes (then kills the rest)."""
 
+    def __init__(self, specs: list[str], args, t_until: float):
+        import threading
+        self.queue, self.running, self.result = list(specs), [], {}
+        self.args, self.t_until = args, t_until
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
 
-def _fill(state, args):
-    while state["queue"] and len(state["running"]) < args.precompile_jobs:
-        spec = state["queue"].pop(0)
-        log = open(Path(args.out) / f"warm_{spec.replace(':', '_')}.log", "w")
-        cmd = [sys.executable, __file__, "--out", args.out, "--_warm", spec, "--fla-configs", str(args.fla_configs)]
-        if args.wheels:
-            cmd += ["--wheels", args.wheels]
-        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
-        state["running"].append((spec, p, log, time.time()))
+    def _start(self, spec):
+        a = self.args
+        log = open(Path(a.out) / f"warm_{spec.replace(':', '_')}.log", "w")
+        cmd = [sys.executable, __file__, "--out", a.out, "--_warm", spec, "--fla-configs", str(a.fla_configs)]
+        if a.wheels:
+            cmd += ["--wheels", a.wheels]
+        try:
+            p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
+        except Exception as e:  # noqa: BLE001
+            log.close()
+            self.result[spec] = f"not started: {_err(e)}"
+            return
+        self.running.append((spec, p, log, time.time()))
 
+    def _loop(self):
+        while True:
+            with self.lock:
+                for item in list(self.running):
+                    spec, p, log, t0 = item
+                    rc = p.poll()
+                    if rc is not None:
+                        log.close()
+                        self.result[spec] = f"ok in {time.time() - t0:.0f} s" if rc == 0 else f"failed (rc {rc})"
+                        self.running.remove(item)
+                if time.time() > self.t_until:
+                    self._stop("warm-up time limit")
+                    return
+                while self.queue and len(self.running) < self.args.precompile_jobs:
+                    self._start(self.queue.pop(0))
+                if not self.queue and not self.running:
+                    return
+            time.sleep(0.25)
 
-def wait_warmup(state, args, t_until: float) -> dict:
-    """Wait for the workers (until t_until: then kill the rest); {spec: 'ok in N s' | 'failed (rc)' | 'killed'}."""
-    res = {}
-    while state["running"] or state["queue"]:
-        for item in list(state["running"]):
-            spec, p, log, t0 = item
-            rc = p.poll()
-            if rc is not None:
-                log.close()
-                res[spec] = f"ok in {time.time() - t0:.0f} s" if rc == 0 else f"failed (rc {rc})"
-                state["running"].remove(item)
-        _fill(state, args)
-        if time.time() > t_until:
-            for spec, p, log, t0 in state["running"]:
-                p.kill()
-                p.wait()
-                log.close()
-                res[spec] = "killed (warm-up time limit)"
-            for spec in state["queue"]:
-                res[spec] = "not started (warm-up time limit)"
-            state["running"], state["queue"] = [], []
-            break
-        time.sleep(0.5)
-    return res
+    def _stop(self, why):
+        for spec, p, log, t0 in self.running:
+            p.kill()
+            p.wait()
+            log.close()
+            self.result[spec] = f"killed ({why}, after {time.time() - t0:.0f} s)"
+        for spec in self.queue:
+            self.result[spec] = f"not started ({why})"
+        self.running, self.queue = [], []
+
+    def join(self) -> dict:
+        self.thread.join(max(0.0, self.t_until - time.time()) + 5)
+        with self.lock:
+            if self.running or self.queue:
+                self._stop("warm-up time limit")
+        return dict(self.result)
 
 
 # -- part 1: checks ------------------------------------------------------------------------------------------------
@@ -750,8 +769,9 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=225.0)
     ap.add_argument("--fla-configs", type=int, default=2, help="autotune configs kept per fla kernel (0: all)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--precompile-jobs", type=int, default=12, help="parallel compile warm-up workers (0: none)")
-    ap.add_argument("--precompile-s", type=float, default=110.0, help="longest wait for the warm-up workers")
+    ap.add_argument("--precompile-jobs", type=int, default=18, help="parallel compile warm-up workers (0: none)")
+    ap.add_argument("--precompile-s", type=float, default=120.0, help="warm-up workers are killed this many "
+                    "seconds after the start")
     ap.add_argument("--_warm", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     os.environ.setdefault("TRITON_CACHE_DIR", str(Path(tempfile.gettempdir()) / "dpx_layer_gpu_triton"))
@@ -787,41 +807,49 @@ def main(argv=None) -> int:
             if "fla" in impls and not fla_err:
                 fv = variant[1:] if variant.startswith("g") and fla_refuses_gated(device) else variant
                 specs.append(f"{shape}:{fv}:fla")
-        warm = start_warmup(list(dict.fromkeys(specs)), args)
+        warm = WarmPool(list(dict.fromkeys(specs)), args, min(t_end, t_start + args.precompile_s))
         print(f"[layer_gpu] compile warm-up: {len(dict.fromkeys(specs))} workers, {args.precompile_jobs} at a time",
               flush=True)
 
-    if "check" in parts:
+    checks = {"env": env, "ops": [], "mixer": [], "status": "not run"}
+
+    def save_checks():
+        checks["all_ok"] = bool(checks["ops"]) and all(r["ok"] for r in checks["ops"] + checks["mixer"])
+        (out / "fused_checks.json").write_text(json.dumps(checks, indent=1))
+
+    def run_checks(fn, key):
         t0 = time.time()
-        checks = {"env": env, "ops": [], "mixer": []}
         try:
             with deadline(t_end):
-                checks["ops"] = check_ops(device, small)
-                for r in checks["ops"]:
-                    print(f"  check {'ok  ' if r['ok'] else 'FAIL'} {r['dtype']:8} {r['case']}: "
-                          + ", ".join(f"{k} {v:.1e}" for k, v in r["errors"].items()), flush=True)
-                checks["mixer"] = check_mixer(device, small)
-                for r in checks["mixer"]:
-                    print(f"  check {'ok  ' if r['ok'] else 'FAIL'} {r['case']}: "
-                          + json.dumps({k: {a: f'{b:.1e}' for a, b in v.items()}
-                                        for k, v in r["errors_vs_plain_fp64"].items()}), flush=True)
+                checks[key] = fn(device, small)
             checks["status"] = "ok"
         except OutOfBudget as e:
             checks["status"] = f"not finished: {e}"
         except Exception as e:  # noqa: BLE001
-            checks["status"] = f"failed: {_err(e)}"
+            checks["status"] = f"failed in {key}: {_err(e)}"
             print(f"[layer_gpu] checks {checks['status']}", flush=True)
-        checks["all_ok"] = bool(checks["ops"]) and all(r["ok"] for r in checks["ops"] + checks["mixer"])
-        checks["wall_s"] = round(time.time() - t0, 1)
-        (out / "fused_checks.json").write_text(json.dumps(checks, indent=1))
-        print(f"[layer_gpu] checks: {'all ok' if checks['all_ok'] else 'NOT all ok'} ({checks['wall_s']} s)",
-              flush=True)
+        for r in checks[key]:
+            if key == "ops":
+                print(f"  check {'ok  ' if r['ok'] else 'FAIL'} {r['dtype']:8} {r['case']}: "
+                      + ", ".join(f"{k} {v:.1e}" for k, v in r["errors"].items()), flush=True)
+            else:
+                print(f"  check {'ok  ' if r['ok'] else 'FAIL'} {r['case']}: "
+                      + json.dumps({k: {a: f'{b:.1e}' for a, b in v.items()}
+                                    for k, v in r["errors_vs_plain_fp64"].items()}), flush=True)
+        checks[f"{key}_wall_s"] = round(time.time() - t0, 1)
+        save_checks()
 
+    if "check" in parts:  # the fused ops first: their compiles overlap the workers'
+        run_checks(check_ops, "ops")
     if warm is not None:  # nothing timed runs while workers share the GPU
         t0 = time.time()
-        env["warmup"] = wait_warmup(warm, args, min(t_end, t_start + args.precompile_s))
+        env["warmup"] = warm.join()
         env["warmup_wall_s"] = round(time.time() - t0, 1)
-        print(f"[layer_gpu] compile warm-up done after {env['warmup_wall_s']} s more: {env['warmup']}", flush=True)
+        print(f"[layer_gpu] compile warm-up: waited {env['warmup_wall_s']} s more: {env['warmup']}", flush=True)
+    if "check" in parts:  # the mixer after the warm-up: its delta kernels are cached by then
+        run_checks(check_mixer, "mixer")
+        print(f"[layer_gpu] checks: {'all ok' if checks['all_ok'] else 'NOT all ok'} ({checks['status']})",
+              flush=True)
 
     if "profile" in parts:
         t0 = time.time()
