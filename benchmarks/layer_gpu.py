@@ -160,7 +160,19 @@ def prune_fla_autotune(n: int) -> int:
     """Keep n configs (closest to 4 warps, 2 stages; n <= 0: all) in every autotuned fla kernel imported so far,
     and turn off fla's on-disk autotune results; returns how many kernels were pruned."""
     n = n if n > 0 else 10 ** 9
+    import importlib
+    import pkgutil
     from triton.runtime.autotuner import Autotuner
+    for pkg in ("fla.ops.gated_delta_product", "fla.ops.gated_delta_rule", "fla.ops.delta_rule", "fla.ops.common",
+                "fla.ops.utils", "fla.modules"):  # kernels a call might import lazily: import them now
+        try:
+            p = importlib.import_module(pkg)
+            for m in pkgutil.walk_packages(getattr(p, "__path__", []), pkg + "."):
+                if "backends" not in m.name and "cp" not in m.name.split("."):
+                    with contextlib.suppress(Exception):
+                        importlib.import_module(m.name)
+        except Exception:  # noqa: BLE001 - another fla version's layout
+            pass
     done = 0
     for name, mod in list(sys.modules.items()):
         if not name.startswith("fla") or mod is None:
