@@ -1,0 +1,49 @@
+"""benchmarks/layer_gpu.py on the CPU (tiny shape): the measurement rows, the JSON the GPU run will write
+(`shape`, `variant`, `dpx_over_fla`), fla's absence explained, and the fla autotune pruning."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "layer_gpu.py"
+
+
+def test_cpu_dry_run_rows(tmp_path):
+    p = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--device", "cpu", "--parts", "measure",
+                        "--plan", "tiny:2,tiny:g1", "--warmup", "1", "--steps", "1", "--layer-iters", "1"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    r = json.loads((tmp_path / "lm_throughput_cpu.json").read_text())
+    assert [(x["shape"], x["variant"]) for x in r["rows"]] == [("tiny", "2"), ("tiny", "g1")]
+    for row in r["rows"]:
+        d = row["dpx"]
+        assert d["status"] == "ok" and d["model"]["tokens_per_s"] == pytest.approx(4 * 64 / d["model"]["median_s"])
+        assert d["layer"]["ms"] > 0 and d["layer_plain"]["ms"] > 0
+        assert "dpx_over_fla" in row and "layer_dpx_over_fla" in row
+        if r["env"]["fla_error"]:
+            assert row["dpx_over_fla"] is None and "fla not measured" in row["fla_note"]
+    assert (tmp_path / "lm_throughput_table.md").read_text().count("| tiny |") == 2
+
+
+def test_prune_fla_autotune(monkeypatch):
+    triton = pytest.importorskip("triton")
+    import triton.language as tl
+    sys.path.insert(0, str(SCRIPT.parent))
+    import layer_gpu
+
+    @triton.heuristics({"X": lambda a: 1})
+    @triton.autotune(configs=[triton.Config({"BV": bv}, num_warps=w, num_stages=s)
+                              for w in (2, 4, 8) for s in (1, 2, 3) for bv in (32, 64)], key=["n"])
+    @triton.jit
+    def kern(x, n, BV: tl.constexpr, X: tl.constexpr):
+        pass
+    mod = types.ModuleType("fla_test_ops")
+    mod.kern = kern
+    monkeypatch.setitem(sys.modules, "fla_test_ops", mod)
+    assert layer_gpu.prune_fla_autotune(2) >= 1
+    assert [(c.kwargs["BV"], c.num_warps, c.num_stages) for c in kern.fn.configs] == [(32, 4, 2), (64, 4, 2)]
