@@ -362,10 +362,7 @@ def warm_one(spec: str, fla_configs: int) -> int:
         prune_fla_autotune(fla_configs)
     mixer.train()
     step, _, _ = layer_step(mixer, 2, SHAPES[shape]["seq_len"], c.hidden_size, device)
-    step()
-    if impl == "dpx":  # the plain path's kernels too (the same delta kernels, torch glue)
-        mixer.fused = False
-        step()
+    step()  # (the plain path launches the same delta kernels, with torch glue: nothing more to compile)
     _sync(device)
     return 0
 
