@@ -85,7 +85,8 @@ class RMSNormGatedFn(torch.autograd.Function):
         dx = torch.empty_like(x2)
         dw = torch.empty(NP, D, device=x2.device, dtype=torch.float32)
         dg = torch.empty(N, D, device=x2.device, dtype=gdtype) if g2 is not None else dx
-        _rms_bwd_kernel[(NP,)](x2, weight, g2 if g2 is not None else x2, dy, rstd, dx, dw, dg, N, NB, H, sgt, D=D,
+        _rms_bwd_kernel[(NP,)](x2, weight, g2 if g2 is not None else x2, dy, rstd, dx, dw, dg, N, NP, triton.cdiv(NB, NP), H,
+                               sgt, D=D,
                                BD=triton.next_power_of_2(D), BR=BR, HAS_GATE=g2 is not None,
                                num_warps=8)  # 4 warps: 200-255 registers at head dim 128 (sm_90 compile)
         dgate = dg.view(gshape) if g2 is not None else None
@@ -112,16 +113,16 @@ def _rms_fwd_kernel(x, w, g, y, rstd, N, H, sgt, eps, D: tl.constexpr, BD: tl.co
 
 
 @triton.jit
-def _rms_bwd_kernel(x, w, g, dy, rstd, dx, dw, dg, N, NB, H, sgt, D: tl.constexpr, BD: tl.constexpr,
+def _rms_bwd_kernel(x, w, g, dy, rstd, dx, dw, dg, N, NP, NITER, H, sgt, D: tl.constexpr, BD: tl.constexpr,
                     BR: tl.constexpr, HAS_GATE: tl.constexpr):
-    """Programs loop over row blocks pid, pid + P, ...; each writes one float32 partial of the weight gradient."""
+    """NP programs loop over row blocks pid, pid + NP, ...; each writes one float32 partial of the weight gradient."""
     pid = tl.program_id(0)
     cols = tl.arange(0, BD)
     cm = cols < D
     wv = tl.load(w + cols, mask=cm, other=0.).to(tl.float32)
     dw_acc = tl.zeros([BD], dtype=tl.float32)
-    for blk in range(pid, NB, tl.num_programs(0)):
-        rows = (blk * BR + tl.arange(0, BR)).to(tl.int64)
+    for i in range(0, NITER):  # row blocks pid, pid + NP, ... (past the end: masked)
+        rows = ((pid + i * NP) * BR + tl.arange(0, BR)).to(tl.int64)
         m = (rows < N)[:, None] & cm[None, :]
         xv = tl.load(x + rows[:, None] * D + cols[None, :], mask=m, other=0.).to(tl.float32)
         dyv = tl.load(dy + rows[:, None] * D + cols[None, :], mask=m, other=0.).to(tl.float32)
