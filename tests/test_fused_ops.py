@@ -98,7 +98,7 @@ def test_conv_reference_is_shortconv_then_l2norm():
 
 def test_conv_decode_cache_continues_the_sequence():
     B, T, C, W = 2, 10, 8, 4
-    x, w = _x(B, T, C, seed=7, grad=False), _x(C, W, seed=8, grad=False)
+    x, w = _x(B, T, C, seed=7, grad=False).float().to(DEVICE), _x(C, W, seed=8, grad=False).float().to(DEVICE)
     full, _ = fused.causal_conv1d(x, w, None, None, True, 4, impl="triton")
     y, cache = fused.causal_conv1d(x[:, :6], w, None, None, True, 4, impl="triton")
     outs = [y]
@@ -183,11 +183,11 @@ def test_mixer_fused_path_matches_plain_path(family, n, conv, out_gate):
     gx_ref = xr.grad.clone()
     ref.zero_grad(set_to_none=True)
 
-    fast = m.float()
+    fast = m.float().to(DEVICE)
     fast.fused, fast.fused_impl = True, "triton"
-    xf = x.float().requires_grad_()
+    xf = x.float().to(DEVICE).requires_grad_()
     yf, sf = fast(xf)
-    yf.backward(dy.float())
+    yf.backward(dy.float().to(DEVICE))
     assert rel(yf, yr) < 1e-4 and rel(sf["S"], sr["S"]) < 1e-4
     assert rel(xf.grad, gx_ref) < 1e-4
     for k, p in fast.named_parameters():
@@ -235,10 +235,10 @@ def test_block_rmsnorm_fused_matches_plain(monkeypatch):
     norm.fused = False
     y0 = norm(x)
     g0 = torch.autograd.grad(y0, [x, norm.weight], dy)
-    nf = norm.float()
+    nf = norm.float().to(DEVICE)
     nf.fused, nf.fused_impl = True, "triton"
-    xf = x.detach().float().requires_grad_()
+    xf = x.detach().float().to(DEVICE).requires_grad_()
     y1 = nf(xf)
-    g1 = torch.autograd.grad(y1, [xf, nf.weight], dy.float())
+    g1 = torch.autograd.grad(y1, [xf, nf.weight], dy.float().to(DEVICE))
     assert rel(y1, y0) < TOL and all(rel(a, b) < TOL for a, b in zip(g1, g0))
     assert not RMSNorm(8)._use_fused(torch.zeros(1, 8))  # plain on CPU by default
