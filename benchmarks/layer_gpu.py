@@ -626,9 +626,48 @@ def _events(prof, iters, device) -> dict:
     return {"kernels": kernels or ops, "ops": ops}
 
 
+CATEGORIES = (  # (label, substrings of a kernel name, lower case), first match wins
+    ("GEMM (projections)", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "sm90_", "wgmma")),
+    ("short conv", ("conv",)),
+    ("L2 norm", ("l2norm", "l2_norm", "_l2_")),
+    ("RMSNorm (+gate)", ("rms", "norm")),
+    ("delta kernel", ("chunk", "wy", "recompute", "solve_tril", "kkt", "fwd_h", "bwd_dh", "dqkw", "dv_local",
+                      "prepare", "cumsum", "fused_recurrent")),
+    ("copies / casts / cat / fill", ("copy", "cat", "cast", "contiguous", "fill")),
+    ("elementwise / reductions (torch)", ("elementwise", "vectorized", "unrolled", "reduce", "softplus", "sigmoid",
+                                          "silu", "exp", "mul", "add")),
+)
+
+
+def _category(name: str) -> str:
+    n = name.lower()
+    for label, keys in CATEGORIES:
+        if any(k in n for k in keys):
+            return label
+    return "other"
+
+
 def profile_markdown(profiles: dict, title: str, top: int = 25) -> str:
     lines = [f"# {title}", ""]
     totals = {}
+    cats = {}
+    for part in ("fwd", "bwd"):
+        for impl, prof in profiles.items():
+            if isinstance(prof, str):
+                continue
+            for name, calls, ms in prof[part]["kernels"]:
+                key = (part, impl, _category(name))
+                cats[key] = cats.get(key, 0.0) + ms
+    impls = [k for k, v in profiles.items() if not isinstance(v, str)]
+    if impls:
+        lines += ["Where the time goes (device ms per mixer call, kernels grouped by name):", "",
+                  "| part | category | " + " | ".join(impls) + " |", "|---|---|" + "---|" * len(impls)]
+        for part in ("fwd", "bwd"):
+            for label in [c[0] for c in CATEGORIES] + ["other"]:
+                vals = [cats.get((part, i, label), 0.0) for i in impls]
+                if any(v > 0 for v in vals):
+                    lines.append(f"| {part} | {label} | " + " | ".join(f"{v:.3f}" for v in vals) + " |")
+        lines.append("")
     for part in ("fwd", "bwd"):
         for view in ("kernels", "ops"):
             for impl, prof in profiles.items():
@@ -653,7 +692,7 @@ def profile_markdown(profiles: dict, title: str, top: int = 25) -> str:
     for part in ("fwd", "bwd"):
         summary.append(f"| {part} ms | " + " | ".join(f"{totals[(part, k)]:.3f}" for k, v in profiles.items()
                                                     if not isinstance(v, str)) + " |")
-    return "\n".join(lines[:2] + summary + [""] + lines[2:])
+    return "\n".join(lines[:2] + summary + [""] + lines[2:])  # totals first, then the categories, then the tables
 
 
 # -- part 3: measurements ------------------------------------------------------------------------------------------
