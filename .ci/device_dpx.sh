@@ -6,12 +6,8 @@
 # MLflow and DuckDB.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  >/dev/null 2>&1 || { echo "wheel install failed"; exit 1; }
-export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "dpx install failed"; exit 1; }
-export DPX_WORKSPACE=${DPX_WORKSPACE:-/tmp/dpx_ws} MLFLOW_DISABLE_TELEMETRY=true RAY_AUTH_MODE=disabled
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
+source .ci/device_setup.sh || exit 1
+export DPX_WORKSPACE=${DPX_WORKSPACE:-/tmp/dpx_ws}
 extra=()
 case "${1:-}" in submit|rerun) extra=(tracking.enabled=false) ;; esac
 python3 -m dpx.orchestrator.cli "$@" "${extra[@]}"

@@ -88,7 +88,7 @@ def stage_times(B, T, H, K, V, n, gated, dtype, dev):
     from dpx.kernels.delta_product.chunk_h import chunk_dp_bwd_dh, chunk_dp_fwd_h
     from dpx.kernels.delta_product.chunk_o import chunk_dp_fwd_o
     from dpx.kernels.delta_product.index import chunk_table
-    from dpx.kernels.delta_product.wy_fast import chunk_dp_fwd_prepare
+    from dpx.kernels.delta_product.wy_fast import chunk_dp_fwd_inv, chunk_dp_fwd_prepare, chunk_dp_fwd_wu
     q, k, v, g, beta = inputs(B, T, H, K, V, n, gated, dtype, dev)
     q, k, v, beta = q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), beta.flatten(0, 1)
     g = None if g is None else g.flatten(0, 1)
@@ -99,14 +99,10 @@ def stage_times(B, T, H, K, V, n, gated, dtype, dev):
     h, vn, _ = chunk_dp_fwd_h(w, u, kd, gamma, None, tab, False, dtype, p)
     dvl = chunk_dp_bwd_dv_local(q, k, G, do, tab, sc, p)
     dh, dvn, _ = chunk_dp_bwd_dh(q, do, w, kd, gamma, G, dvl, None, tab, sc, False, p)
-    from dpx.kernels.delta_product import wy_fast
-    fast, wy_fast.FAST_INV_DTYPES = wy_fast.FAST_INV_DTYPES, ()
-    t_subst = bench(lambda: chunk_dp_fwd_prepare(k, v, beta, g, tab, p))  # 16x16 inverses by substitution
-    wy_fast.FAST_INV_DTYPES = fast
     return {
-        "prepare": bench(lambda: chunk_dp_fwd_prepare(k, v, beta, g, tab, p)),
-        "prepare(subst)": t_subst,
-        "prepare+T": bench(lambda: chunk_dp_fwd_prepare(k, v, beta, g, tab, p, store_t=True)),
+        "prepare (inv + wu)": bench(lambda: chunk_dp_fwd_prepare(k, v, beta, g, tab, p)),
+        "inv (T = (I+A)^-1)": bench(lambda: chunk_dp_fwd_inv(k, beta, g, tab)),
+        "wu (W, U, Kd from T; the backward's recompute)": bench(lambda: chunk_dp_fwd_wu(k, v, beta, G, t, tab, p)),
         "fwd_h": bench(lambda: chunk_dp_fwd_h(w, u, kd, gamma, None, tab, False, dtype, p)),
         "fwd_o": bench(lambda: chunk_dp_fwd_o(q, k, G, h, vn, tab, sc, p)),
         "bwd_dv_local": bench(lambda: chunk_dp_bwd_dv_local(q, k, G, do, tab, sc, p)),

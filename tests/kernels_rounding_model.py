@@ -17,8 +17,7 @@ def model_grads(q, k, v, beta, g, h0, do, dht, n, scale, r, stages=None):
     With `stages` (a dict), also fills stages[name] with the intermediates in the kernels' layout [NC, H, ...]
     (chunk c of sequence b is row b * chunks_per_sequence + c), so each kernel can be checked on its own."""
     B, T, H, K = q.shape; V = v.shape[-1]
-    BT = 1
-    while BT * 2 * n <= 64: BT *= 2
+    BT = 64 // n  # tokens per chunk, as kernels/delta_product/index.py
     L = 64
     dq = torch.zeros_like(q); dk = torch.zeros_like(k); dv = torch.zeros_like(v); db = torch.zeros_like(beta)
     for b in range(B):

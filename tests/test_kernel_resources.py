@@ -25,12 +25,33 @@ def test_backward_launches_fit_hopper_shared_memory(tmp_path, dtype, d, n, path)
     assert backward_path({"bf16": torch.bfloat16, "fp32": torch.float32}[dtype], n, d) == path
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "DPX_KERNEL_BWD_FP32")}
     r = subprocess.run([sys.executable, str(SCRIPT), "--dtypes", dtype, "--dims", str(d), "--ns", str(n),
-                        "--kernels", "prepare,bwd_kernel_dh,dqkwg", "--json", str(tmp_path / "r.json")],
+                        "--kernels", "kernel_inv,kernel_wu,bwd_kernel_dh,dqkwg", "--json", str(tmp_path / "r.json")],
                        capture_output=True, text=True, env=env, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     launches = json.loads((tmp_path / "r.json").read_text())["launches"]
     names = {x["kernel"] for x in launches}
-    assert "chunk_dp_fwd_kernel_prepare" in names, names
+    assert {"chunk_dp_fwd_kernel_inv", "chunk_dp_fwd_kernel_wu"} <= names, names
     assert (HEAVY <= names) == (path != "torch_fp32"), names  # the PyTorch backward launches no Triton kernel
     for x in launches:
         assert x["fits"] and all(c.get("error") is None for c in x["configs"]), x
+
+
+@pytest.mark.parametrize("dtype,dims,n", [("bf16", "32,64,85,128,256", 2), ("fp32", "32,85,128", 3)])
+def test_every_autotune_config_of_every_kernel_compiles_for_sm90(tmp_path, dtype, dims, n):
+    # every kernel a forward + backward and a decode step launch, every autotune config it would try, at every head
+    # dim of the GPU acceptance check (benchmarks/gpu_check.py): each compiles for sm_90 and fits its shared memory
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "DPX_KERNEL_BWD_FP32")}
+    r = subprocess.run([sys.executable, str(SCRIPT), "--dtypes", dtype, "--dims", dims, "--ns", str(n),
+                        "--json", str(tmp_path / "r.json")], capture_output=True, text=True, env=env, timeout=2400)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    launches = json.loads((tmp_path / "r.json").read_text())["launches"]
+    names = {x["kernel"] for x in launches}
+    want = {"chunk_dp_fwd_kernel_inv", "chunk_dp_fwd_kernel_wu", "chunk_dp_fwd_kernel_h", "chunk_dp_fwd_kernel_o",
+            "fused_recurrent_dp_fwd_kernel"}
+    assert want <= names, names
+    assert {x["d"] for x in launches} == {int(d) for d in dims.split(",")}
+    for x in launches:
+        for c in x["configs"]:
+            assert c.get("error") is None, (x["kernel"], x["d"], c)
+            # a config over the shared memory limit is skipped by the autotuner; one must fit
+        assert x["fits"], x

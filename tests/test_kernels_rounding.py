@@ -50,7 +50,7 @@ def test_model_without_rounding_is_the_loop(n, gate):
 
 @pytest.mark.parametrize("n,gate", CASES)
 def test_fp16_kernels_round_like_the_model(n, gate, monkeypatch):
-    monkeypatch.setenv("DPX_KERNEL_BWD_FP32", "0")  # the 16-bit backward, not the float32 default for n_h != 2
+    monkeypatch.setenv("DPX_KERNEL_BWD_FP32", "0")  # the 16-bit backward (pinned: the default too)
     inputs, ref, _, _ = _setup(n, gate, **SHAPE)
     lo = [None if x is None else x.to(torch.float16 if i < 3 else torch.float32) for i, x in enumerate(inputs)]
     out = dict(zip(NAMES, grads(lambda q, k, v, b, g, **kw: chunk_gated_delta_product(q, k, v, g, b, **kw), lo,
@@ -116,14 +116,13 @@ def test_float32_backward_switch(monkeypatch):
 def test_float32_backward_policy(monkeypatch):
     from dpx.kernels.delta_product.chunk import _float32_backward
     monkeypatch.delenv("DPX_KERNEL_BWD_FP32", raising=False)
-    # unset: the 16-bit backward only where the H200 verified it (n_h = 2); n_h = 3 had the defect, 1 and 4 never ran
-    assert all(_float32_backward(dt, n) for dt in (torch.bfloat16, torch.float16) for n in (1, 3, 4, 8))
-    assert not _float32_backward(torch.bfloat16, 2) and not _float32_backward(torch.float16, 2)
+    # unset: 16-bit inputs take the 16-bit backward at every n_h (the GPU acceptance check verifies n_h 1-8)
+    assert not any(_float32_backward(dt, n) for dt in (torch.bfloat16, torch.float16) for n in (1, 2, 3, 4, 8))
     assert not _float32_backward(torch.float32, 3)
     monkeypatch.setenv("DPX_KERNEL_BWD_FP32", "0")
     assert not _float32_backward(torch.bfloat16, 3)
     monkeypatch.setenv("DPX_KERNEL_BWD_FP32", "1")
-    assert _float32_backward(torch.float16, 2)
+    assert _float32_backward(torch.float16, 2) and not _float32_backward(torch.float32, 2)
     monkeypatch.setenv("DPX_KERNEL_BWD_FP32", "yes")
     with pytest.raises(ValueError, match="DPX_KERNEL_BWD_FP32"):
         _float32_backward(torch.bfloat16, 3)
@@ -137,7 +136,7 @@ def test_backward_path_keeps_float32_tiles_within_hopper(monkeypatch):
     assert backward_path(torch.float32, 1, 128) == "triton_fp32"
     assert backward_path(torch.float32, 2, 129) == backward_path(torch.float32, 3, 256) == "torch_fp32"
     assert backward_path(torch.bfloat16, 2, 256) == "triton"       # 16-bit tiles fit (188 KB at K = 256)
-    assert backward_path(torch.bfloat16, 3, 128) == "triton_fp32"  # the unverified 16-bit n_h = 3 falls back
+    assert backward_path(torch.bfloat16, 3, 128) == backward_path(torch.float16, 1, 256) == "triton"
+    monkeypatch.setenv("DPX_KERNEL_BWD_FP32", "1")  # the switch: 16-bit inputs, float32 backward
+    assert backward_path(torch.bfloat16, 3, 128) == "triton_fp32"
     assert backward_path(torch.bfloat16, 3, 256) == "torch_fp32"
-    monkeypatch.setenv("DPX_KERNEL_BWD_FP32", "0")
-    assert backward_path(torch.float16, 3, 256) == "triton"

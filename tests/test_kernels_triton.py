@@ -82,9 +82,9 @@ def test_chunk_varlen_with_length_one_segment(n):
     run_case(1, 31, 2, 16, 16, n, "mixed", torch.float32, cu=torch.tensor([0, 1, 18, 18, 31]))
 
 
-@pytest.mark.parametrize("n,bwd_fp32", [(2, "0"), (3, "0"), (3, "")])
+@pytest.mark.parametrize("n,bwd_fp32", [(2, "0"), (3, ""), (3, "1")])
 def test_chunk_fp16(n, bwd_fp32, monkeypatch):
-    # the 16-bit backward (pinned), and the default (float32 backward for 16-bit inputs at n_h != 2)
+    # the 16-bit backward (pinned, and the default), and the float32 backward behind DPX_KERNEL_BWD_FP32=1
     monkeypatch.setenv("DPX_KERNEL_BWD_FP32", bwd_fp32)
     run_case(1, 40, 2, 32, 32, n, "rand", torch.float16)
 
@@ -93,7 +93,6 @@ def test_chunk_fp16(n, bwd_fp32, monkeypatch):
 @pytest.mark.parametrize("n,gate", [(2, "rand"), (3, "mixed"), (2, "mixed"), (3, "rand")])
 def test_chunk_bf16_real_compiler(n, gate, monkeypatch):
     # (3, mixed) gave dk/dv/dbeta 2.6-4.4e-2 on the H200 (2026-11-29); (2, mixed) and (3, rand) tell n_h from gates.
-    # The 16-bit backward itself is under test, not the float32 fallback bf16 n_h >= 3 takes by default
     monkeypatch.setenv("DPX_KERNEL_BWD_FP32", "0")
     # bf16 operands and float32 accumulation in every kernel, forward and backward (what training runs)
     run_case(2, 150, 2, 64, 64, n, gate, torch.bfloat16)

@@ -1,21 +1,19 @@
 """Chunkwise (Gated) DeltaProduct in Triton: forward kernels and a torch.autograd.Function.
 
 Forward (three kernels, no interleaved query or gate tensors):
-  wy_fast.chunk_dp_fwd_prepare   per chunk: gate cumsum, A = beta k k^T decay, (I+A)^-1 by 16x16 blocks, W, U, Kd
+  wy_fast.chunk_dp_fwd_inv       per chunk: gate cumsum, A = beta k k^T decay, T = (I+A)^-1 by 16x16 blocks
+  wy_fast.chunk_dp_fwd_wu        per chunk: W = T X, U = T Y, Kd (64-row products from T as one tile)
   chunk_h.chunk_dp_fwd_kernel_h  serial over chunks: h (state at each chunk start), v_new = U - W h, final state
   chunk_o.chunk_dp_fwd_o         per chunk: o = scale (exp(G) q h + (q k^T * decay) v_new), only T query rows
 Backward (fla's split, specialised to DeltaProduct: only T query rows, gates once per token):
-  wy_fast + chunk_h (recompute)       W, U, Kd, T = (I+A)^-1 and the chunk states h, v_new
+  wy_fast.wu + chunk_h (recompute)    W, U, Kd from the forward's saved T, and the chunk states h, v_new
   chunk_bwd.chunk_dp_bwd_dv_local     per chunk: dv_loc = scale P^T dO
   chunk_h.chunk_dp_bwd_kernel_dh      serial, reverse: dh (state gradient after each chunk), dv_new, dh0
   chunk_bwd.chunk_dp_bwd_dqkwg        per chunk: dq, dk, dv, dbeta, dg (W/U/Kd/P/T gradients stay in registers)
-16-bit inputs: 16-bit operands and float32 accumulation throughout (as fla); float32 inputs: tf32x3 dots.
-The backward of 16-bit inputs can run on float32 copies, at the cost of float32 traffic and tf32x3 dots:
-DPX_KERNEL_BWD_FP32=1 always, =0 never; unset, 16-bit inputs use the 16-bit backward only where the H200 has
-verified it (n_h = 2: fp16 and bf16), because at n_h = 3 its bf16 dk/dv/dbeta were 6-10x over the rounding
-budget (BENCHMARKS.md, kernels; the failing outputs are exactly those that depend on dv_new, and n_h = 3 is the
-first case with 16-token chunks) and n_h = 1 or >= 4 has not run there. The float32 backward is verified on the
-H200 for n_h 1-4 (at head dims <= 32).
+16-bit inputs: 16-bit operands and float32 accumulation throughout (as fla), forward and backward, at every n_h.
+DPX_KERNEL_BWD_FP32=1 runs the backward of 16-bit inputs on float32 copies instead (float32 traffic, tf32x3 dots;
+slower, kept as a switch for debugging); unset or 0, the 16-bit backward runs. The GPU acceptance check
+(benchmarks/gpu_check.py, BENCHMARKS.md) verifies the 16-bit backward against float64 at n_h 1, 2, 3, 4, 8.
 A float32 backward at head dim K > 128 does not fit a Hopper SM: the per-chunk gradient kernel keeps several
 [64, K] float32 tiles in shared memory (262-524 KB against 227 KB per block for K = 256, every config; compiled for
 sm_90 by benchmarks/kernel_resources.py). Such calls differentiate the PyTorch chunkwise form instead (torch_chunk,
@@ -33,27 +31,28 @@ from .index import chunk_table
 from .naive import check_inputs, l2norm
 from .chunk_h import chunk_dp_bwd_dh, chunk_dp_fwd_h
 
-VERIFIED_16BIT_BWD = (2,)  # n_h whose 16-bit backward passed against float64 on the H200 (2026-11-29)
-
-
 def chunk_dp_fwd(q, k, v, g, beta, h0, tab, scale, output_final_state):
-    """Flattened inputs: q [NTOK,H,K], k [NTOK*n,H,K], v [NTOK*n,H,V], beta [NTOK*n,H], g [NTOK,H] or None."""
+    """Flattened inputs: q [NTOK,H,K], k [NTOK*n,H,K], v [NTOK*n,H,V], beta [NTOK*n,H], g [NTOK,H] or None.
+    Returns o, the final state and (T, G) for the backward."""
     from .chunk_o import chunk_dp_fwd_o
-    from .wy_fast import chunk_dp_fwd_prepare
+    from .wy_fast import chunk_dp_fwd_inv, chunk_dp_fwd_wu
     prec = dot_precision(q.dtype)
-    w, u, kd, gamma, G = chunk_dp_fwd_prepare(k, v, beta, g, tab, prec)
+    t, G, gamma = chunk_dp_fwd_inv(k, beta, g, tab)
+    w, u, kd = chunk_dp_fwd_wu(k, v, beta, G, t, tab, prec)
     h, v_new, ht = chunk_dp_fwd_h(w, u, kd, gamma, h0, tab, output_final_state, q.dtype, prec)
     o = chunk_dp_fwd_o(q, k, G, h, v_new, tab, scale, prec)
-    return o, ht
+    return o, ht, (t, G, gamma)
 
 
-def chunk_dp_bwd(q, k, v, g, beta, h0, do, dht, tab, scale):
-    """Recompute W, U, Kd, T and the chunk states (as fla does: nothing but the inputs is saved), then:
-    dv_local (per chunk) -> dh (serial, reverse) -> dqkwg (per chunk). Returns (dq, dk, dv, dg, dbeta, dh0)."""
+def chunk_dp_bwd(q, k, v, g, beta, h0, do, dht, tab, scale, wy=None):
+    """wy = (T, G, gamma) from the forward (None: recomputed, as for the float32 copies of 16-bit inputs). Recompute
+    W, U, Kd from T (64-row products) and the chunk states, then: dv_local (per chunk) -> dh (serial, reverse) ->
+    dqkwg (per chunk). Returns (dq, dk, dv, dg, dbeta, dh0)."""
     from .chunk_bwd import chunk_dp_bwd_dqkwg, chunk_dp_bwd_dv_local
-    from .wy_fast import chunk_dp_fwd_prepare
+    from .wy_fast import chunk_dp_fwd_inv, chunk_dp_fwd_wu
     prec = dot_precision(q.dtype)
-    w, u, kd, gamma, G, t = chunk_dp_fwd_prepare(k, v, beta, g, tab, prec, store_t=True)
+    t, G, gamma = chunk_dp_fwd_inv(k, beta, g, tab) if wy is None else wy
+    w, u, kd = chunk_dp_fwd_wu(k, v, beta, G, t, tab, prec)
     h, v_new, _ = chunk_dp_fwd_h(w, u, kd, gamma, h0, tab, False, q.dtype, prec)
     dv_loc = chunk_dp_bwd_dv_local(q, k, G, do, tab, scale, prec)
     dh, dv_new, dh0 = chunk_dp_bwd_dh(q, do, w, kd, gamma, G, dv_loc, dht, tab, scale, h0 is not None, prec)
@@ -78,9 +77,9 @@ def _torch_backward(ctx, do, dht):
     from .torch_chunk import torch_chunk_gated_delta_product
     if do.is_cuda:  # Python's default filter shows a warning once per call site: once per process here
         warnings.warn("chunk_gated_delta_product: the float32 backward at head dim > 128 runs in PyTorch (its Triton "
-                      "tiles exceed the GPU's shared memory): correct but several times slower; 16-bit inputs at "
-                      "n_h = 2, or DPX_KERNEL_BWD_FP32=0, keep the Triton backward", stacklevel=2)
-    saved = ctx.saved_tensors
+                      "tiles exceed the GPU's shared memory): correct but several times slower; 16-bit inputs "
+                      "keep the Triton backward", stacklevel=2)
+    saved = ctx.saved_tensors[:6]
     need = ctx.needs_input_grad[:6]
     with torch.enable_grad():
         xs = [None if x is None else x.detach().float().requires_grad_(bool(r)) for x, r in zip(saved, need)]
@@ -103,9 +102,7 @@ def _float32_backward(dtype: torch.dtype, n: int) -> bool:
     flag = os.environ.get("DPX_KERNEL_BWD_FP32", "")
     if flag not in ("", "0", "1"):
         raise ValueError(f"DPX_KERNEL_BWD_FP32: expected 0, 1 or unset, got {flag!r}")
-    if dtype == torch.float32:
-        return False  # already float32
-    return flag == "1" or (flag == "" and n not in VERIFIED_16BIT_BWD)
+    return dtype != torch.float32 and flag == "1"
 
 
 class ChunkGatedDeltaProductFunction(torch.autograd.Function):
@@ -116,30 +113,33 @@ class ChunkGatedDeltaProductFunction(torch.autograd.Function):
         B, T, H, K = q.shape
         V = v.shape[-1]
         flat = lambda x, *s: None if x is None else x.reshape(*s)
-        o, ht = chunk_dp_fwd(flat(q, -1, H, K), flat(k, -1, H, K), flat(v, -1, H, V), flat(g, -1, H),
-                             flat(beta, -1, H), h0, tab, scale, output_final_state)
-        ctx.save_for_backward(q, k, v, g, beta, h0)
+        o, ht, (t, G, gamma) = chunk_dp_fwd(flat(q, -1, H, K), flat(k, -1, H, K), flat(v, -1, H, V),
+                                            flat(g, -1, H), flat(beta, -1, H), h0, tab, scale, output_final_state)
+        # T = (I+A)^-1 per chunk (half a key tensor in size at head dim 128) and the gate sums are kept, so the
+        # backward re-runs only the 64-row products W = T X, U = T Y instead of the whole preparation (fla keeps A)
+        ctx.save_for_backward(q, k, v, g, beta, h0, t, G, gamma)
         ctx.tab, ctx.scale, ctx.cu_seqlens = tab, scale, cu_seqlens
         return o.view(B, T, H, V), ht
 
     @staticmethod
     @contiguous
     def backward(ctx, do, dht):
-        q, k, v, g, beta, h0 = ctx.saved_tensors
+        q, k, v, g, beta, h0, t, G, gamma = ctx.saved_tensors
         B, T, H, K = q.shape
         V = v.shape[-1]
         path = backward_path(q.dtype, ctx.tab.n, K)
         if path == "torch_fp32":
             return _torch_backward(ctx, do, dht)
         flat = lambda x, *s: None if x is None else x.reshape(*s)
-        if path == "triton_fp32" and q.dtype != torch.float32:
+        wy = (t, G, gamma)
+        if path == "triton_fp32" and q.dtype != torch.float32:  # float32 copies: T is recomputed in float32
             f32 = lambda x: None if x is None else x.float()
-            q_, k_, v_, beta_, do_ = f32(q), f32(k), f32(v), f32(beta), f32(do)
+            q_, k_, v_, beta_, do_, wy = f32(q), f32(k), f32(v), f32(beta), f32(do), None
         else:
             q_, k_, v_, beta_, do_ = q, k, v, beta, do
         dq, dk, dv, dg, dbeta, dh0 = chunk_dp_bwd(
             flat(q_, -1, H, K), flat(k_, -1, H, K), flat(v_, -1, H, V), flat(g, -1, H), flat(beta_, -1, H), h0,
-            flat(do_, -1, H, V), dht, ctx.tab, ctx.scale)
+            flat(do_, -1, H, V), dht, ctx.tab, ctx.scale, wy)
         cast = lambda dx, x: None if dx is None else dx.view(x.shape).to(x.dtype)
         return (cast(dq, q), cast(dk, k), cast(dv, v), cast(dg, g), cast(dbeta, beta), cast(dh0, h0),
                 None, None, None, None)
@@ -175,5 +175,17 @@ def chunk_gated_delta_product(
     tab = chunk_table(B, T, num_householder, q.device, cu_seqlens, cu_seqlens_cpu)
     if g is not None:
         g = g.float()
-    return ChunkGatedDeltaProductFunction.apply(q, k, v, g, beta, initial_state, tab, scale, output_final_state,
-                                                cu_seqlens)
+    V = v.shape[-1]
+    Kp, Vp = next_pow2(K), next_pow2(V)
+    if (Kp, Vp) == (K, V):
+        return ChunkGatedDeltaProductFunction.apply(q, k, v, g, beta, initial_state, tab, scale, output_final_state,
+                                                    cu_seqlens)
+    # Head dims that are not a power of two (Table 3's head-dim matching gives 85) run zero-padded to the tile
+    # width, which the kernels use anyway (BK = next power of two): no tile is then masked along K or V. The
+    # bf16 n_h = 3 head dim 85 case raised an illegal memory access on the H200 (Triton 3.6, issue 14) in a
+    # masked-K build; zero columns change no product (q.k, k.k, the state's padded rows and columns stay 0)
+    pad = torch.nn.functional.pad
+    q, k, v = pad(q, (0, Kp - K)), pad(k, (0, Kp - K)), pad(v, (0, Vp - V))
+    h0 = None if initial_state is None else pad(initial_state, (0, Vp - V, 0, Kp - K))
+    o, ht = ChunkGatedDeltaProductFunction.apply(q, k, v, g, beta, h0, tab, scale, output_final_state, cu_seqlens)
+    return o[..., :V], (None if ht is None else ht[..., :K, :V])

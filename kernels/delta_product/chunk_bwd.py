@@ -7,8 +7,8 @@ Notation per chunk (BL = 64 interleaved steps, BT tokens, i_t = t*n + n-1 the st
 Kernels:
   dv_local  dv_loc = scale P^T dO (the v_new gradient from the chunk's own queries), before the serial walk
   dqkwg     per chunk, after the serial walk (which gives dh = dS_next and dv_new): dq, dk, dv, dbeta, dg,
-            with W/U/Kd/gamma/P/T gradients kept in registers (T's own [64, 64] slot is reused to transpose two
-            of them: see the Hopper note in the kernel)
+            with W/U/Kd/gamma/P/T gradients kept in registers (a [64, 64] scratch slot per chunk transposes
+            two of them: see the Hopper note in the kernel)
 Every e^{...} is of a difference G_i - G_j <= 0 (or of G <= 0), so zero and very negative gates are safe.
 """
 from __future__ import annotations
@@ -17,16 +17,16 @@ import torch
 import triton
 import triton.language as tl
 
-from ..utils import autotune_configs, next_pow2
+from ..utils import autotune_configs, launch, next_pow2
 from .index import BL, ChunkTable
 
 
 @triton.autotune(configs=autotune_configs([triton.Config({}, num_warps=w, num_stages=s) for w in (4, 8)
                                            for s in (2,)]), key=["H", "K", "V", "NH", "BK", "BV", "PREC"])
-@triton.jit
+@triton.jit(do_not_specialize=["H"])  # H is a runtime stride: one binary for every head count
 def chunk_dp_bwd_kernel_dv_local(
     q, k, G, do, dv, chunk_bos, chunk_len, scale,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, BT: tl.constexpr, BL: tl.constexpr,
+    H, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, BT: tl.constexpr, BL: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
 ):
     i_c, i_h = tl.program_id(0), tl.program_id(1)
@@ -66,14 +66,11 @@ def _prune_dqkwg(configs, named_args, **kwargs):
 @triton.autotune(configs=autotune_configs([triton.Config({}, num_warps=w, num_stages=s) for w in (4, 8)
                                            for s in (1,)]),
                  key=["H", "K", "V", "NH", "BK", "BV", "USE_G", "PREC"],
-                 prune_configs_by={"early_config_prune": _prune_dqkwg},
-                 # the kernel reuses its chunk's T slot as scratch (D^T, Bm^T below): without restoring it, the
-                 # autotuner's benchmark runs would leave the first call per shape reading a clobbered T
-                 restore_value=["t"])
-@triton.jit
+                 prune_configs_by={"early_config_prune": _prune_dqkwg})
+@triton.jit(do_not_specialize=["H"])  # H is a runtime stride: one binary for every head count
 def chunk_dp_bwd_kernel_dqkwg(
-    q, k, v, beta, G, t, h, dh, v_new, dv_new, do, dq, dk, dv, dbeta, dg, chunk_bos, chunk_len, scale,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, BT: tl.constexpr, BL: tl.constexpr,
+    q, k, v, beta, G, t, s, h, dh, v_new, dv_new, do, dq, dk, dv, dbeta, dg, chunk_bos, chunk_len, scale,
+    H, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, BT: tl.constexpr, BL: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, USE_G: tl.constexpr, PREC: tl.constexpr,
 ):
     i_c, i_h = tl.program_id(0), tl.program_id(1)
@@ -142,9 +139,10 @@ def chunk_dp_bwd_kernel_dqkwg(
     b_dq = b_dqS * (scale * b_eGq)[:, None] + tl.dot(b_Dc, b_k, input_precision=PREC)
     tl.store(dq + p_q, b_dq.to(dq.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
     # D^T Q. Triton >= 3.4 on Hopper miscompiles tl.trans of a dot result fed to another dot (wrong values, seen
-    # here as a wrong dk on the H200; fla PR #826), so D goes through memory and comes back transposed. The slot is
-    # this chunk's T, which is in registers (b_Tt) by now; the barriers order the program's own reads and writes.
-    p_s = t + i_ch * BL * BL
+    # here as a wrong dk on the H200; fla PR #826), so D goes through memory and comes back transposed: a [64, 64]
+    # scratch slot per (chunk, head) (not T's: T is the forward's, saved for every backward call); the barriers
+    # order the program's own reads and writes.
+    p_s = s + i_ch * BL * BL
     tl.debug_barrier()
     tl.store(p_s + o_t[:, None] * BL + o_l[None, :], b_Dc)
     tl.debug_barrier()
@@ -194,10 +192,18 @@ def chunk_dp_bwd_dv_local(q, k, G, do, tab: ChunkTable, scale: float, prec: str)
     NTOK, H, K = q.shape
     V = do.shape[-1]
     dv = k.new_empty(tab.NC, H, BL, V)
-    chunk_dp_bwd_kernel_dv_local[(tab.NC, H)](
-        q, k, G, do, dv, tab.chunk_bos, tab.chunk_len, scale, H=H, K=K, V=V, NH=tab.n, BT=max(16, tab.BT), BL=BL,
+    launch(chunk_dp_bwd_kernel_dv_local, (tab.NC, H),
+        q, k, G, do, dv, tab.chunk_bos, tab.chunk_len, scale, H=H, K=K, V=V, NH=tab.n, BT=tab.BT_TILE, BL=BL,
         BK=next_pow2(K), BV=min(64, next_pow2(V)), PREC=prec)
     return dv
+
+
+# The per-chunk gradient kernel's K and V tiles are at least 64 wide (masked past K, V). At head dim 32 its bf16
+# build raised an illegal memory access on the H200 in every config (Triton 3.6; issue 14: B=512, T=32, H=4 and
+# B=8, T=128, H=4), while float32 passed: the pattern of Triton's Hopper wgmma faults in multi-dot kernels with
+# 32-wide blocks (triton-lang/triton#10486, #11366). 64-wide tiles cost the d = 32 models (state tracking, where
+# this kernel is a small part of the step) up to twice this kernel's work and avoid that code path.
+DQKWG_MIN_TILE = 64
 
 
 def chunk_dp_bwd_dqkwg(q, k, v, beta, G, t, h, dh, v_new, dv_new, do, tab: ChunkTable, scale: float, use_g: bool,
@@ -207,8 +213,9 @@ def chunk_dp_bwd_dqkwg(q, k, v, beta, G, t, h, dh, v_new, dv_new, do, tab: Chunk
     V = v.shape[-1]
     dq, dk, dv, dbeta = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(beta)
     dg = q.new_empty(NTOK, H, dtype=torch.float32) if use_g else None
-    chunk_dp_bwd_kernel_dqkwg[(tab.NC, H)](
-        q, k, v, beta, G, t, h, dh, v_new, dv_new, do, dq, dk, dv, dbeta, dg, tab.chunk_bos, tab.chunk_len, scale,
-        H=H, K=K, V=V, NH=tab.n, BT=max(16, tab.BT), BL=BL, BK=next_pow2(K), BV=min(64, next_pow2(V)), USE_G=use_g,
-        PREC=prec)
+    scratch = torch.empty_like(t)
+    launch(chunk_dp_bwd_kernel_dqkwg, (tab.NC, H),
+        q, k, v, beta, G, t, scratch, h, dh, v_new, dv_new, do, dq, dk, dv, dbeta, dg, tab.chunk_bos, tab.chunk_len, scale,
+        H=H, K=K, V=V, NH=tab.n, BT=tab.BT_TILE, BL=BL, BK=next_pow2(K, DQKWG_MIN_TILE), BV=DQKWG_MIN_TILE,
+        USE_G=use_g, PREC=prec)
     return dq, dk, dv, dbeta, dg

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..utils import autotune_configs, next_pow2
+from ..utils import autotune_configs, launch, next_pow2
 from .index import BL, ChunkTable
 
 
@@ -24,10 +24,10 @@ def _configs():
 @triton.heuristics({"USE_INITIAL_STATE": lambda a: a["h0"] is not None,
                     "STORE_FINAL_STATE": lambda a: a["ht"] is not None})
 @triton.autotune(configs=_configs(), key=["H", "K", "V", "BK", "PREC"])
-@triton.jit
+@triton.jit(do_not_specialize=["H"])  # H is a runtime stride: one binary for every head count
 def chunk_dp_fwd_kernel_h(
     w, u, kd, gamma, h0, h, v_new, ht, seq_chunks,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BL: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    H, K: tl.constexpr, V: tl.constexpr, BL: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     PREC: tl.constexpr, USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
 ):
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
@@ -63,10 +63,10 @@ def chunk_dp_fwd_kernel_h(
 @triton.heuristics({"USE_FINAL_STATE_GRAD": lambda a: a["dht"] is not None,
                     "STORE_INITIAL_STATE_GRAD": lambda a: a["dh0"] is not None})
 @triton.autotune(configs=_configs(), key=["H", "K", "V", "NH", "BK", "PREC"])
-@triton.jit
+@triton.jit(do_not_specialize=["H"])  # H is a runtime stride: one binary for every head count
 def chunk_dp_bwd_kernel_dh(
     q, do, w, kd, gamma, G, dv_loc, dht, dh, dv_new, dh0, chunk_bos, chunk_len, seq_chunks, scale,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, BT: tl.constexpr, BL: tl.constexpr,
+    H, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, BT: tl.constexpr, BL: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, USE_FINAL_STATE_GRAD: tl.constexpr,
     STORE_INITIAL_STATE_GRAD: tl.constexpr,
 ):
@@ -128,7 +128,7 @@ def chunk_dp_fwd_h(w, u, kd, gamma, h0, tab: ChunkTable, output_final_state: boo
     h = w.new_empty(NC, H, K, V, dtype=state_dtype)
     v_new = torch.empty_like(u)
     ht = w.new_empty(tab.N, H, K, V, dtype=torch.float32) if output_final_state else None
-    chunk_dp_fwd_kernel_h[_grid(V, H, tab.N)](
+    launch(chunk_dp_fwd_kernel_h, _grid(V, H, tab.N),
         w, u, kd, gamma, h0, h, v_new, ht, tab.seq_chunks, H=H, K=K, V=V, BL=BL, BK=next_pow2(K), PREC=prec)
     return h, v_new, ht
 
@@ -142,7 +142,7 @@ def chunk_dp_bwd_dh(q, do, w, kd, gamma, G, dv_loc, dht, tab: ChunkTable, scale:
     dh = w.new_empty(NC, H, K, V)
     dv_new = w.new_empty(NC, H, BL, V)
     dh0 = w.new_empty(tab.N, H, K, V, dtype=torch.float32) if need_dh0 else None
-    chunk_dp_bwd_kernel_dh[_grid(V, H, tab.N)](
+    launch(chunk_dp_bwd_kernel_dh, _grid(V, H, tab.N),
         q, do, w, kd, gamma, G, dv_loc, dht, dh, dv_new, dh0, tab.chunk_bos, tab.chunk_len, tab.seq_chunks, scale,
-        H=H, K=K, V=V, NH=tab.n, BT=max(16, tab.BT), BL=BL, BK=next_pow2(K), PREC=prec)
+        H=H, K=K, V=V, NH=tab.n, BT=tab.BT_TILE, BL=BL, BK=next_pow2(K), PREC=prec)
     return dh, dv_new, dh0

@@ -7,17 +7,17 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..utils import autotune_configs, next_pow2
+from ..utils import autotune_configs, launch, next_pow2
 from .index import BL, ChunkTable
 
 
 @triton.autotune(configs=autotune_configs([triton.Config({"BV": bv}, num_warps=w, num_stages=s)
                                            for bv in (64,) for w in (4, 8) for s in (2,)], default={"BV": 64}),
                  key=["H", "K", "V", "NH", "BK", "PREC"])
-@triton.jit
+@triton.jit(do_not_specialize=["H"])  # H is a runtime stride: one binary for every head count
 def chunk_dp_fwd_kernel_o(
     q, k, G, h, v_new, o, chunk_bos, chunk_len, scale,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, BT: tl.constexpr, BL: tl.constexpr,
+    H, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, BT: tl.constexpr, BL: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
 ):
     i_v, i_c, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -53,6 +53,6 @@ def chunk_dp_fwd_o(q, k, G, h, v_new, tab: ChunkTable, scale: float, prec: str):
     V = v_new.shape[-1]
     o = q.new_empty(NTOK, H, V)
     grid = lambda meta: (triton.cdiv(V, meta["BV"]), tab.NC, H)
-    chunk_dp_fwd_kernel_o[grid](q, k, G, h, v_new, o, tab.chunk_bos, tab.chunk_len, scale, H=H, K=K, V=V,
-                                NH=tab.n, BT=max(16, tab.BT), BL=BL, BK=next_pow2(K), PREC=prec)
+    launch(chunk_dp_fwd_kernel_o, grid, q, k, G, h, v_new, o, tab.chunk_bos, tab.chunk_len, scale, H=H, K=K, V=V,
+                                NH=tab.n, BT=tab.BT_TILE, BL=BL, BK=next_pow2(K), PREC=prec)
     return o

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..utils import autotune_configs, contiguous, next_pow2
+from ..utils import autotune_configs, contiguous, launch, next_pow2
 from .naive import check_inputs
 
 
@@ -25,10 +25,10 @@ from .naive import check_inputs
                                            ((16, 1), (16, 2), (32, 2), (32, 4), (64, 4))], default={"BV": 32},
                                           warps=2),
                  key=["H", "K", "V", "NH", "BK", "USE_L2NORM"])
-@triton.jit(do_not_specialize=["T"])
+@triton.jit(do_not_specialize=["T", "H"])
 def fused_recurrent_dp_fwd_kernel(
     q, k, v, g, beta, o, h0, ht, cu_seqlens, scale, T,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    H, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_L2NORM: tl.constexpr, USE_G: tl.constexpr, USE_INITIAL_STATE: tl.constexpr,
     STORE_FINAL_STATE: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):
@@ -77,7 +77,7 @@ def _fused_recurrent_fwd(q, k, v, g, beta, n, scale, initial_state, output_final
     o = q.new_empty(B, T, H, V)
     ht = q.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
     grid = lambda meta: (triton.cdiv(V, meta["BV"]), N * H)
-    fused_recurrent_dp_fwd_kernel[grid](
+    launch(fused_recurrent_dp_fwd_kernel, grid,
         q, k, v, g, beta, o, initial_state, ht, cu_seqlens, scale, T,
         H=H, K=K, V=V, NH=n, BK=next_pow2(K), USE_L2NORM=l2norm)
     return o, ht

@@ -1,8 +1,10 @@
 """Chunk tables: how the (flattened, possibly variable-length) token axis is cut into chunks.
 
 A chunk holds BT tokens of one sequence (fewer at a sequence's end), i.e. BT*n interleaved Householder steps,
-padded to BL = 64 rows. BT is the largest power of two with BT*n <= 64. Every kernel (forward and backward)
-use the same table, so chunk c means the same rows everywhere.
+padded to BL = 64 rows. BT = 64 // n, the most tokens whose steps fit the 64 rows: the tiles stay full (n = 3 takes
+21 tokens, 63 of 64 rows; a power of two would take 16, 48 rows, a third more chunks for the serial walk and the
+per-chunk kernels). The query-side tiles are BT_TILE = next power of two >= max(16, BT) rows, masked to BT.
+Every kernel (forward and backward) uses the same table, so chunk c means the same rows everywhere.
 """
 from __future__ import annotations
 
@@ -18,22 +20,32 @@ BL = 64  # interleaved steps per chunk (padded); the WY inverse works on 4 block
 def tokens_per_chunk(n: int) -> int:
     if not 1 <= n <= 64:
         raise ValueError(f"num_householder: must be in [1, 64], got {n}")
-    bt = 1
-    while bt * 2 * n <= BL:
-        bt *= 2
-    return bt
+    return BL // n
+
+
+def query_tile(bt: int) -> int:
+    """Rows of the query-side tiles for chunks of bt tokens: a power of two (Triton's tiles), at least 16 (tl.dot)."""
+    t = 16
+    while t < bt:
+        t *= 2
+    return t
 
 
 @dataclasses.dataclass(frozen=True)
 class ChunkTable:
     n: int              # Householder steps per token
-    BT: int             # tokens per chunk
+    BT: int             # tokens per chunk (BL // n)
     N: int              # sequences
     NC: int             # chunks
     NTOK: int           # tokens (flattened)
     chunk_bos: torch.Tensor   # [NC] int64: first token of each chunk (flattened index)
     chunk_len: torch.Tensor   # [NC] int32: tokens in each chunk (1..BT)
     seq_chunks: torch.Tensor  # [N+1] int64: chunk offsets of each sequence
+
+    @property
+    def BT_TILE(self) -> int:
+        """Rows of the query-side tiles (power of two >= BT, >= 16); rows past a chunk's tokens are masked."""
+        return query_tile(self.BT)
 
 
 def _build(bounds: np.ndarray, n: int, device: torch.device) -> ChunkTable:

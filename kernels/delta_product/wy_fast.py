@@ -1,11 +1,14 @@
-"""Per-chunk preparation of the chunkwise DeltaProduct, fused in one kernel (one program per chunk and head).
+"""Per-chunk preparation of the chunkwise DeltaProduct: two kernels, one program per chunk and head each.
 
-For the BL = 64 interleaved steps of a chunk, held as four 16-row blocks:
-  gate cumsum  G (g_t on each token's first step, 0 on the others)
+chunk_dp_fwd_kernel_inv, for the BL = 64 interleaved steps of a chunk held as four 16-row blocks:
+  gate cumsum  G (g_t on each token's first step, 0 on the others), gamma = exp(G_last)
   A_ij  = beta_i (k_i . k_j) exp(G_i - G_j), i > j            (strictly lower)
   T     = (I + A)^-1: 16x16 diagonal blocks by substitution (bf16: a product form, see _inv16), then the block formula
-          T_ij = -T_ii sum_{j <= m < i} A_im T_mj
-  W = T (beta exp(G) k),  U = T (beta v),  Kd = exp(G_last - G) k,  gamma = exp(G_last)
+          T_ij = -T_ii sum_{j <= m < i} A_im T_mj; written (lower block triangle) to t [NC, H, 64, 64]
+chunk_dp_fwd_kernel_wu, from T as one [64, 64] tile (fla's recompute_w_u: 64-row products, not 16-row ones):
+  W = T (beta exp(G) k),  U = T (beta v),  Kd = exp(G_last - G) k
+The forward runs both and keeps T and G for the backward, which re-runs only the second (a few 64-row products)
+instead of the whole preparation.
 Padding rows (past the chunk's end) have k = v = beta = 0 and a zero gate, so they are identity steps.
 """
 from __future__ import annotations
@@ -14,12 +17,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ..utils import autotune_configs, next_pow2
+from ..utils import autotune_configs, launch, next_pow2
 from .index import BL, ChunkTable
 
 
 @triton.jit
-def _load_block(k, beta, g, bos, i_h, n_steps, row0, H: tl.constexpr, K: tl.constexpr, NH: tl.constexpr,
+def _load_block(k, beta, g, bos, i_h, n_steps, row0, H, K: tl.constexpr, NH: tl.constexpr,
                 BK: tl.constexpr, USE_G: tl.constexpr):
     o_r = row0 + tl.arange(0, 16)
     o_k = tl.arange(0, BK)
@@ -76,25 +79,19 @@ def _inv16(b_A, FAST: tl.constexpr):
 
 
 @triton.jit
-def _store_rows(p, x, row0, ld, o_c, m_c):
-    tl.store(p + (row0 + tl.arange(0, 16))[:, None] * ld + o_c[None, :], x.to(p.dtype.element_ty), mask=m_c[None, :])
-
-
-@triton.jit
 def _store_block(p, x, row0, col0, BL: tl.constexpr):
     o = tl.arange(0, 16)
     tl.store(p + (row0 + o)[:, None] * BL + col0 + o[None, :], x.to(p.dtype.element_ty))
 
 
-@triton.heuristics({"STORE_T": lambda a: a["t"] is not None})
 @triton.autotune(configs=autotune_configs([triton.Config({}, num_warps=w, num_stages=s) for w in (4, 8)
                                            for s in (1,)]),
-                 key=["H", "K", "V", "NH", "BK", "BV", "USE_G", "PREC", "FAST_INV"])
-@triton.jit
-def chunk_dp_fwd_kernel_prepare(
-    k, v, beta, g, w, u, kd, gamma, G, t, chunk_bos, chunk_len,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, BL: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, USE_G: tl.constexpr, PREC: tl.constexpr, FAST_INV: tl.constexpr, STORE_T: tl.constexpr,
+                 key=["K", "NH", "BK", "USE_G", "FAST_INV"])
+@triton.jit(do_not_specialize=["H"])  # H is a runtime stride: one binary for every head count
+def chunk_dp_fwd_kernel_inv(
+    k, beta, g, gamma, G, t, chunk_bos, chunk_len,
+    H, K: tl.constexpr, NH: tl.constexpr, BL: tl.constexpr, BK: tl.constexpr, USE_G: tl.constexpr,
+    FAST_INV: tl.constexpr,
 ):
     i_c, i_h = tl.program_id(0), tl.program_id(1)
     i_ch = i_c.to(tl.int64) * H + i_h
@@ -128,41 +125,18 @@ def chunk_dp_fwd_kernel_prepare(
     b_T42 = -_mm(b_T44, _mm(b_A42, b_T22) + _mm(b_A43, b_T32))
     b_T41 = -_mm(b_T44, _mm(b_A41, b_T11) + _mm(b_A42, b_T21) + _mm(b_A43, b_T31))
 
-    if STORE_T:  # the backward needs T = (I+A)^-1; only its lower block triangle is written (and read)
-        p_t = t + i_ch * BL * BL
-        _store_block(p_t, b_T11, 0, 0, BL)
-        _store_block(p_t, b_T21, 16, 0, BL)
-        _store_block(p_t, b_T22, 16, 16, BL)
-        _store_block(p_t, b_T31, 32, 0, BL)
-        _store_block(p_t, b_T32, 32, 16, BL)
-        _store_block(p_t, b_T33, 32, 32, BL)
-        _store_block(p_t, b_T41, 48, 0, BL)
-        _store_block(p_t, b_T42, 48, 16, BL)
-        _store_block(p_t, b_T43, 48, 32, BL)
-        _store_block(p_t, b_T44, 48, 48, BL)
-
-    dt = w.dtype.element_ty
-    o_k = tl.arange(0, BK)
-    m_k = o_k < K
-    # W = T (beta exp(G) k) in the storage dtype of w (bf16 data: bf16 operands, fp32 accumulation, like fla)
-    b_x1 = (b_k1 * (b_b1 * tl.exp(b_G1))[:, None]).to(dt)
-    b_x2 = (b_k2 * (b_b2 * tl.exp(b_G2))[:, None]).to(dt)
-    b_x3 = (b_k3 * (b_b3 * tl.exp(b_G3))[:, None]).to(dt)
-    b_x4 = (b_k4 * (b_b4 * tl.exp(b_G4))[:, None]).to(dt)
-    p_w = w + i_ch * BL * K
-    _store_rows(p_w, tl.dot(b_T11.to(dt), b_x1, input_precision=PREC), 0, K, o_k, m_k)
-    _store_rows(p_w, tl.dot(b_T21.to(dt), b_x1, input_precision=PREC) + tl.dot(b_T22.to(dt), b_x2, input_precision=PREC),
-                16, K, o_k, m_k)
-    _store_rows(p_w, tl.dot(b_T31.to(dt), b_x1, input_precision=PREC) + tl.dot(b_T32.to(dt), b_x2, input_precision=PREC)
-                + tl.dot(b_T33.to(dt), b_x3, input_precision=PREC), 32, K, o_k, m_k)
-    _store_rows(p_w, tl.dot(b_T41.to(dt), b_x1, input_precision=PREC) + tl.dot(b_T42.to(dt), b_x2, input_precision=PREC)
-                + tl.dot(b_T43.to(dt), b_x3, input_precision=PREC) + tl.dot(b_T44.to(dt), b_x4, input_precision=PREC),
-                48, K, o_k, m_k)
-    p_kd = kd + i_ch * BL * K
-    _store_rows(p_kd, b_k1 * tl.exp(b_Gl - b_G1)[:, None], 0, K, o_k, m_k)
-    _store_rows(p_kd, b_k2 * tl.exp(b_Gl - b_G2)[:, None], 16, K, o_k, m_k)
-    _store_rows(p_kd, b_k3 * tl.exp(b_Gl - b_G3)[:, None], 32, K, o_k, m_k)
-    _store_rows(p_kd, b_k4 * tl.exp(b_Gl - b_G4)[:, None], 48, K, o_k, m_k)
+    # T's lower block triangle (the blocks above the diagonal are never written, nor read unmasked)
+    p_t = t + i_ch * BL * BL
+    _store_block(p_t, b_T11, 0, 0, BL)
+    _store_block(p_t, b_T21, 16, 0, BL)
+    _store_block(p_t, b_T22, 16, 16, BL)
+    _store_block(p_t, b_T31, 32, 0, BL)
+    _store_block(p_t, b_T32, 32, 16, BL)
+    _store_block(p_t, b_T33, 32, 32, BL)
+    _store_block(p_t, b_T41, 48, 0, BL)
+    _store_block(p_t, b_T42, 48, 16, BL)
+    _store_block(p_t, b_T43, 48, 32, BL)
+    _store_block(p_t, b_T44, 48, 48, BL)
     o_l = tl.arange(0, 16)
     tl.store(G + i_ch * BL + o_l, b_G1)
     tl.store(G + i_ch * BL + 16 + o_l, b_G2)
@@ -170,49 +144,79 @@ def chunk_dp_fwd_kernel_prepare(
     tl.store(G + i_ch * BL + 48 + o_l, b_G4)
     tl.store(gamma + i_ch, tl.exp(b_Gl))
 
-    # U = T (beta v), V in slices of BV
-    o_r = tl.arange(0, 16)
-    p_u = u + i_ch * BL * V
+
+@triton.autotune(configs=autotune_configs([triton.Config({"BV": bv}, num_warps=w, num_stages=s)
+                                           for bv in (32, 64) for w in (4, 8) for s in (2,)],
+                                          default={"BV": 64}),
+                 key=["K", "V", "NH", "BK", "PREC"])
+@triton.jit(do_not_specialize=["H"])
+def chunk_dp_fwd_kernel_wu(
+    k, v, beta, G, t, w, u, kd, chunk_bos, chunk_len,
+    H, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, BL: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    # W = T X, U = T Y with T one [64, 64] tile: 64-row products (wgmma-sized on Hopper), not 16-row ones
+    i_c, i_h = tl.program_id(0), tl.program_id(1)
+    i_ch = i_c.to(tl.int64) * H + i_h
+    bos = tl.load(chunk_bos + i_c).to(tl.int64)
+    n_steps = tl.load(chunk_len + i_c) * NH
+    o_l = tl.arange(0, BL)
+    o_k = tl.arange(0, BK)
+    m_l, m_k = o_l < n_steps, o_k < K
+    dt = w.dtype.element_ty
+    b_T = tl.load(t + i_ch * BL * BL + o_l[:, None] * BL + o_l[None, :], mask=o_l[:, None] >= o_l[None, :],
+                  other=0).to(dt)
+    b_G = tl.load(G + i_ch * BL + o_l)
+    b_GL = tl.sum(tl.where(o_l == BL - 1, b_G, 0), 0)
+    b_b = tl.load(beta + (bos * NH + o_l) * H + i_h, mask=m_l, other=0).to(tl.float32)
+    b_k = tl.load(k + ((bos * NH + o_l[:, None]) * H + i_h) * K + o_k[None, :], mask=m_l[:, None] & m_k[None, :],
+                  other=0)
+    p_lk = i_ch * BL * K + o_l[:, None] * K + o_k[None, :]
+    b_x = (b_k * (b_b * tl.exp(b_G))[:, None]).to(dt)
+    tl.store(w + p_lk, tl.dot(b_T, b_x, input_precision=PREC).to(dt), mask=m_k[None, :])
+    tl.store(kd + p_lk, (b_k * tl.exp(b_GL - b_G)[:, None]).to(dt), mask=m_k[None, :])
     for i_v in range(0, tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < V
-        p_v = v + ((bos * NH + o_r[:, None]) * H + i_h) * V + o_v[None, :]
-        b_y1 = (tl.load(p_v, mask=(o_r < n_steps)[:, None] & m_v[None, :], other=0) * b_b1[:, None]).to(dt)
-        b_y2 = (tl.load(p_v + 16 * H * V, mask=(16 + o_r < n_steps)[:, None] & m_v[None, :], other=0)
-                * b_b2[:, None]).to(dt)
-        b_y3 = (tl.load(p_v + 32 * H * V, mask=(32 + o_r < n_steps)[:, None] & m_v[None, :], other=0)
-                * b_b3[:, None]).to(dt)
-        b_y4 = (tl.load(p_v + 48 * H * V, mask=(48 + o_r < n_steps)[:, None] & m_v[None, :], other=0)
-                * b_b4[:, None]).to(dt)
-        _store_rows(p_u, tl.dot(b_T11.to(dt), b_y1, input_precision=PREC), 0, V, o_v, m_v)
-        _store_rows(p_u, tl.dot(b_T21.to(dt), b_y1, input_precision=PREC)
-                    + tl.dot(b_T22.to(dt), b_y2, input_precision=PREC), 16, V, o_v, m_v)
-        _store_rows(p_u, tl.dot(b_T31.to(dt), b_y1, input_precision=PREC)
-                    + tl.dot(b_T32.to(dt), b_y2, input_precision=PREC)
-                    + tl.dot(b_T33.to(dt), b_y3, input_precision=PREC), 32, V, o_v, m_v)
-        _store_rows(p_u, tl.dot(b_T41.to(dt), b_y1, input_precision=PREC)
-                    + tl.dot(b_T42.to(dt), b_y2, input_precision=PREC)
-                    + tl.dot(b_T43.to(dt), b_y3, input_precision=PREC)
-                    + tl.dot(b_T44.to(dt), b_y4, input_precision=PREC), 48, V, o_v, m_v)
+        b_v = tl.load(v + ((bos * NH + o_l[:, None]) * H + i_h) * V + o_v[None, :], mask=m_l[:, None] & m_v[None, :],
+                      other=0)
+        b_y = (b_v * b_b[:, None]).to(dt)
+        tl.store(u + i_ch * BL * V + o_l[:, None] * V + o_v[None, :], tl.dot(b_T, b_y, input_precision=PREC).to(dt),
+                 mask=m_v[None, :])
 
 
 FAST_INV_DTYPES = (torch.bfloat16,)  # dtypes whose 16x16 inverses use the product form (see _inv16)
 
 
-def chunk_dp_fwd_prepare(k, v, beta, g, tab: ChunkTable, prec: str, store_t: bool = False):
-    """k [NTOK*n,H,K], v [NTOK*n,H,V], beta [NTOK*n,H], g [NTOK,H] float32 or None.
-    Returns w, kd [NC,H,BL,K] and u [NC,H,BL,V] in k's dtype, gamma [NC,H] and G [NC,H,BL] float32, and with
-    store_t also T = (I+A)^-1 [NC,H,BL,BL] in k's dtype (lower block triangle only; the rest is unwritten)."""
+def chunk_dp_fwd_inv(k, beta, g, tab: ChunkTable):
+    """k [NTOK*n,H,K], beta [NTOK*n,H], g [NTOK,H] float32 or None.
+    Returns T = (I+A)^-1 [NC,H,BL,BL] in k's dtype (lower block triangle written; the rest is never read),
+    G [NC,H,BL] and gamma [NC,H] float32."""
+    _, H, K = k.shape
+    gamma = k.new_empty(tab.NC, H, dtype=torch.float32)
+    G = k.new_empty(tab.NC, H, BL, dtype=torch.float32)
+    t = k.new_empty(tab.NC, H, BL, BL)
+    launch(chunk_dp_fwd_kernel_inv, (tab.NC, H),
+        k, beta, g, gamma, G, t, tab.chunk_bos, tab.chunk_len, H=H, K=K, NH=tab.n, BL=BL, BK=next_pow2(K),
+        USE_G=g is not None, FAST_INV=k.dtype in FAST_INV_DTYPES)
+    return t, G, gamma
+
+
+def chunk_dp_fwd_wu(k, v, beta, G, t, tab: ChunkTable, prec: str):
+    """W, Kd [NC,H,BL,K] and U [NC,H,BL,V] in k's dtype, from T and G of chunk_dp_fwd_inv."""
     _, H, K = k.shape
     V = v.shape[-1]
     w = k.new_empty(tab.NC, H, BL, K)
     kd = torch.empty_like(w)
     u = k.new_empty(tab.NC, H, BL, V)
-    gamma = k.new_empty(tab.NC, H, dtype=torch.float32)
-    G = k.new_empty(tab.NC, H, BL, dtype=torch.float32)
-    t = k.new_empty(tab.NC, H, BL, BL) if store_t else None
-    chunk_dp_fwd_kernel_prepare[(tab.NC, H)](
-        k, v, beta, g, w, u, kd, gamma, G, t, tab.chunk_bos, tab.chunk_len, H=H, K=K, V=V, NH=tab.n, BL=BL,
-        BK=next_pow2(K), BV=min(64, next_pow2(V)), USE_G=g is not None, PREC=prec,
-        FAST_INV=k.dtype in FAST_INV_DTYPES)
+    launch(chunk_dp_fwd_kernel_wu, (tab.NC, H),
+        k, v, beta, G, t, w, u, kd, tab.chunk_bos, tab.chunk_len, H=H, K=K, V=V, NH=tab.n, BL=BL, BK=next_pow2(K),
+        PREC=prec)
+    return w, u, kd
+
+
+def chunk_dp_fwd_prepare(k, v, beta, g, tab: ChunkTable, prec: str, store_t: bool = False):
+    """Both kernels. Returns w, u, kd, gamma, G (and T with store_t), as chunk_dp_fwd_inv / chunk_dp_fwd_wu."""
+    t, G, gamma = chunk_dp_fwd_inv(k, beta, g, tab)
+    w, u, kd = chunk_dp_fwd_wu(k, v, beta, G, t, tab, prec)
     return (w, u, kd, gamma, G, t) if store_t else (w, u, kd, gamma, G)

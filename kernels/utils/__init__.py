@@ -9,6 +9,11 @@ import triton
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 NO_AUTOTUNE = INTERPRET or os.environ.get("DPX_NO_AUTOTUNE", "0") == "1"  # tests on a GPU: compile one config
+# Fault hunting (benchmarks/gpu_check.py sets these in a failing case's rerun, never in normal use):
+#   DPX_KERNEL_SYNC=1                      synchronize after every launch and name the kernel that faulted
+#   DPX_AUTOTUNE_PIN=kernel:i[,kernel:j]   give that kernel's autotuner only its i-th config
+SYNC = os.environ.get("DPX_KERNEL_SYNC", "0") == "1"
+PINS = {name: int(i) for name, i in (p.split(":") for p in os.environ.get("DPX_AUTOTUNE_PIN", "").split(",") if p)}
 
 
 def autotune_configs(configs: list, default: dict | None = None, warps: int = 4) -> list:
@@ -17,6 +22,36 @@ def autotune_configs(configs: list, default: dict | None = None, warps: int = 4)
     if NO_AUTOTUNE:
         return [triton.Config(default or {}, num_warps=warps, num_stages=1)]
     return configs
+
+
+def autotuner(kernel):
+    """The triton Autotuner inside a (heuristics-wrapped) kernel, or None when the kernel is not autotuned."""
+    while kernel is not None and not isinstance(kernel, triton.runtime.Autotuner):
+        kernel = getattr(kernel, "fn", None)
+    return kernel
+
+
+def kernel_name(kernel) -> str:
+    while hasattr(kernel, "fn"):
+        kernel = kernel.fn
+    return kernel.__name__
+
+
+def launch(kernel, grid, *args, **kwargs):
+    """kernel[grid](*args, **kwargs), with the fault-hunting switches above applied."""
+    name = kernel_name(kernel)
+    if name in PINS:
+        at = autotuner(kernel)
+        if at is not None and not getattr(at, "dpx_pinned", False):
+            at.configs, at.dpx_pinned = [at.configs[PINS[name]]], True
+    kernel[grid](*args, **kwargs)
+    if SYNC:
+        try:
+            torch.cuda.synchronize()
+        except Exception as e:  # the context is lost after a fault: say which kernel, then let it die
+            at = autotuner(kernel)
+            cfg = None if at is None else getattr(at, "best_config", None)
+            raise RuntimeError(f"DPX_KERNEL_FAULT {name} config={cfg}: {e}") from e
 
 
 def next_pow2(x: int, floor: int = 16) -> int:
