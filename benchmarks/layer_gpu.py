@@ -138,12 +138,33 @@ def model_config(shape: str, variant: str) -> dict:
     return cfg
 
 
+FLA_SOURCE = {"layer": ""}  # which fla layer the comparison runs (said in the JSON)
+
+
 def fla_layer_class():
-    """fla's GatedDeltaProduct (through a bare fla.layers stub when fla.layers' __init__ needs transformers)."""
+    """fla's GatedDeltaProduct (flash-linear-attention's fla.layers; through a bare fla.layers stub when its
+    __init__ needs transformers). Without flash-linear-attention (only fla-core: fla.ops + fla.modules, as
+    .ci/gpu_wheels.sh carries), the same layer assembled from fla-core's pieces (`_fla_core_layer`)."""
     import importlib
     import importlib.util
     import types
     import fla  # noqa: F401
+    done = sys.modules.get("fla.layers.gated_deltaproduct")
+    if done is not None and hasattr(done, "GatedDeltaProduct"):  # imported before (maybe through the stub)
+        return done.GatedDeltaProduct
+    if FLA_SOURCE["layer"].startswith("fla-core"):
+        return _fla_core_layer()
+    try:
+        has_layers = importlib.util.find_spec("fla.layers") is not None
+    except (ValueError, ImportError):
+        has_layers = False
+    if not has_layers:
+        cls = _fla_core_layer()
+        FLA_SOURCE["layer"] = ("fla-core ops in fla's GatedDeltaProduct structure (flash-linear-attention not "
+                               "installed): ShortConvolution, chunk_gated_delta_product(use_qk_l2norm_in_kernel), "
+                               "RMSNorm / FusedRMSNormGated, separate projections")
+        return cls
+    FLA_SOURCE["layer"] = "fla.layers.gated_deltaproduct.GatedDeltaProduct"
     try:
         return importlib.import_module("fla.layers.gated_deltaproduct").GatedDeltaProduct
     except ImportError as e:
@@ -156,6 +177,73 @@ def fla_layer_class():
         stub.__path__ = list(spec.submodule_search_locations)
         sys.modules["fla.layers"] = stub
         return importlib.import_module("fla.layers.gated_deltaproduct").GatedDeltaProduct
+
+
+def _fla_core_layer():
+    """fla 0.6.0's GatedDeltaProduct.forward in training mode (chunk, no cache, no padding), re-typed on fla-core:
+    separate q/k/v/b(/a/g) projections, fla's ShortConvolution (SiLU), the kernel's in-kernel L2 norm, fla's
+    RMSNorm (float32 weight) or FusedRMSNormGated, o_proj."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    from fla.modules import FusedRMSNormGated, RMSNorm, ShortConvolution
+    from fla.ops.gated_delta_product import chunk_gated_delta_product
+
+    class GatedDeltaProductCore(nn.Module):
+        def __init__(self, hidden_size, expand_v, head_dim, num_heads, mode="chunk", use_output_gate=False,
+                     use_short_conv=True, conv_size=4, norm_eps=1e-5, use_forget_gate=True, allow_neg_eigval=True,
+                     num_householder=2, **kw):
+            super().__init__()
+            H, K, n = num_heads, head_dim, num_householder
+            V = int(head_dim * expand_v)
+            self.H, self.K, self.V, self.n = H, K, V, n
+            self.use_forget_gate, self.allow_neg_eigval = use_forget_gate, allow_neg_eigval
+            self.use_output_gate, self.use_short_conv = use_output_gate, use_short_conv
+            self.q_proj = nn.Linear(hidden_size, H * K, bias=False)
+            self.k_proj = nn.Linear(hidden_size, H * K * n, bias=False)
+            self.v_proj = nn.Linear(hidden_size, H * V * n, bias=False)
+            self.b_proj = nn.Linear(hidden_size, H * n, bias=False)
+            if use_forget_gate:
+                self.a_proj = nn.Linear(hidden_size, H, bias=False)
+                self.A_log = nn.Parameter(torch.log(torch.empty(H).uniform_(0, 16)))
+                dt = torch.exp(torch.rand(H) * (math.log(0.1) - math.log(0.001)) + math.log(0.001)).clamp(min=1e-4)
+                self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))
+            if use_short_conv:
+                self.q_conv1d = ShortConvolution(hidden_size=H * K, kernel_size=conv_size, activation="silu")
+                self.k_conv1d = ShortConvolution(hidden_size=H * K * n, kernel_size=conv_size, activation="silu")
+                self.v_conv1d = ShortConvolution(hidden_size=H * V * n, kernel_size=conv_size, activation="silu")
+            if use_output_gate:
+                self.g_proj = nn.Linear(hidden_size, H * V, bias=False)
+                self.o_norm = FusedRMSNormGated(V, eps=norm_eps)
+            else:
+                self.o_norm = RMSNorm(V, eps=norm_eps, dtype=torch.float32)
+            self.o_proj = nn.Linear(H * V, hidden_size, bias=False)
+
+        def forward(self, x, **kw):
+            B, T, _ = x.shape
+            H, K, V, n = self.H, self.K, self.V, self.n
+            if self.use_short_conv:
+                q = self.q_conv1d(x=self.q_proj(x))[0]
+                k = self.k_conv1d(x=self.k_proj(x))[0]
+                v = self.v_conv1d(x=self.v_proj(x))[0]
+            else:
+                q, k, v = F.silu(self.q_proj(x)), F.silu(self.k_proj(x)), F.silu(self.v_proj(x))
+            q, k, v = q.view(B, T, H, K), k.reshape(B, T * n, H, K), v.reshape(B, T * n, H, V)
+            beta = self.b_proj(x).sigmoid()
+            if self.allow_neg_eigval:
+                beta = beta * 2.
+            beta = beta.reshape(B, T * n, H)
+            g = (-self.A_log.float().exp() * F.softplus(self.a_proj(x).float() + self.dt_bias)
+                 if self.use_forget_gate else None)
+            o, _ = chunk_gated_delta_product(q=q, k=k, v=v, g=g, beta=beta, initial_state=None,
+                                             output_final_state=False, cu_seqlens=None, num_householder=n,
+                                             use_qk_l2norm_in_kernel=True)
+            if self.use_output_gate:
+                o = self.o_norm(o, self.g_proj(x).view(B, T, H, V))
+            else:
+                o = self.o_norm(o)
+            return self.o_proj(o.reshape(B, T, H * V)), None, None
+    return GatedDeltaProductCore
 
 
 def prune_fla_autotune(n: int) -> int:
@@ -861,7 +949,7 @@ def main(argv=None) -> int:
     if fla_err:
         print(f"[layer_gpu] fla not measured: {fla_err}", flush=True)
     env = environment(device)
-    env.update(fla_error=fla_err, args=vars(args))
+    env.update(fla_error=fla_err, fla_layer=FLA_SOURCE["layer"], args=vars(args))
     print(f"[layer_gpu] {json.dumps(env)}", flush=True)
     plan = _plan(args)
     warm = None
