@@ -1,5 +1,6 @@
 """The delta layer on one GPU (issue 15): fused-op checks, a per-op profile beside fla, layer and LM throughput.
 
+    source .ci/device_setup.sh && python3 benchmarks/layer_gpu.py --out $OUT      # the H200 (carry .whl)
     python3 benchmarks/layer_gpu.py --out $OUT [--wheels .whl] [--budget-s 225] [--parts check,profile,measure]
     python3 benchmarks/layer_gpu.py --out /tmp/x --device cpu --shapes tiny --parts check,measure   # CPU dry run
 
