@@ -1076,6 +1076,7 @@ def main(argv=None) -> int:
             summarize(row, row.get("fla_ref"))
             report["rows"].append(row)
             name.write_text(json.dumps(report, indent=1, default=str))
+            (out / "lm_throughput_table.md").write_text(table(report["rows"]) + "\n")  # a killed run keeps both
         report["table"] = table(report["rows"])
         name.write_text(json.dumps(report, indent=1, default=str))
         (out / "lm_throughput_table.md").write_text(report["table"] + "\n")
