@@ -437,6 +437,8 @@ def warm_one(spec: str, fla_configs: int) -> int:
     from dpx.models.matching import resolve
     from dpx.models.mixers import get_mixer
     shape, variant, impl = spec.split(":")
+    if os.environ.get("DPX_LAYER_GPU_FAIL_WARM") == spec:  # the tests' stand-in for a kernel fault
+        raise RuntimeError(f"CUDA error: an illegal memory access was encountered (simulated for {spec})")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     with contextlib.suppress(Exception):  # compile every config but time none: one run each, equal "times"
         from triton.runtime.autotuner import Autotuner
@@ -456,6 +458,20 @@ def warm_one(spec: str, fla_configs: int) -> int:
     step()  # (the plain path launches the same delta kernels, with torch glue: nothing more to compile)
     _sync(device)
     return 0
+
+
+def _tail(path, n: int = 300) -> str:
+    with contextlib.suppress(Exception):
+        lines = [x for x in Path(path).read_text(errors="replace").splitlines() if x.strip()]
+        return " | ".join(lines[-3:])[-n:]
+    return ""
+
+
+def canary(env: dict, spec: str) -> str:
+    """'' or why `spec` must not run here: its warm-up worker died (a kernel fault there would take this process's
+    CUDA context, and every later row, with it)."""
+    r = (env.get("warmup") or {}).get(spec, "")
+    return f"skipped: its warm-up worker {r}" if r.startswith("failed") else ""
 
 
 class WarmPool:
@@ -492,7 +508,8 @@ class WarmPool:
                     rc = p.poll()
                     if rc is not None:
                         log.close()
-                        self.result[spec] = f"ok in {time.time() - t0:.0f} s" if rc == 0 else f"failed (rc {rc})"
+                        self.result[spec] = f"ok in {time.time() - t0:.0f} s" if rc == 0 else \
+                            f"failed (rc {rc}): {_tail(log.name)}"
                         self.running.remove(item)
                 if time.time() > self.t_until:
                     self._stop("warm-up time limit")
@@ -616,6 +633,9 @@ def check_ops(device, small: bool) -> list[dict]:
     return rows
 
 
+CANARY_ENV: dict = {}  # main() puts the warm-up results here (check_mixer's cases are the fig4:g2, table3:2 layers)
+
+
 def check_mixer(device, small: bool) -> list[dict]:
     """The whole mixer: fused path and plain path, both bf16 autocast on the Triton delta kernel (autotuned),
     against the plain path in float64 (the PyTorch chunkwise kernel, on the same device); the fused path must be
@@ -630,7 +650,12 @@ def check_mixer(device, small: bool) -> list[dict]:
     else:
         cases, (B, T) = [("gated_deltaproduct", 1024, 8, 2, 128, False), ("deltaproduct", 512, 4, 2, 85, False)], \
             (2, 512)
-    for family, d, H, n, K, out_gate in cases:
+    for (family, d, H, n, K, out_gate), spec in zip(cases, ("fig4:g2:dpx", "table3:2:dpx")):
+        why = canary(CANARY_ENV, spec)
+        if why:
+            rows.append({"case": f"mixer {family} d={d} H={H} n_h={n} K={K}", "ok": False, "error": why,
+                         "errors_vs_plain_fp64": {}})
+            continue
         kw = dict(family=family, hidden_size=d, num_heads=H, head_dim=K, num_householder=n, allow_neg_eigval=True,
                   use_output_gate=out_gate)
         torch.manual_seed(0)
@@ -804,6 +829,8 @@ def measure_one(cfg, impl, shape, device, args, t_end, plain_layer: bool) -> dic
     t0 = time.time()
     try:
         with deadline(t_end):
+            if os.environ.get("DPX_LAYER_GPU_FAIL_MEASURE") == f"{shape}:{cfg['num_householder']}:{impl}":
+                raise RuntimeError("CUDA error: an illegal memory access was encountered (simulated)")  # tests
             model = build(cfg, impl, device, args.seed, args.fla_configs)
             c = model.config
             r.update(num_params=sum(p.numel() for p in model.parameters()), num_heads=c.num_heads,
@@ -881,6 +908,39 @@ def table(rows: list) -> str:
                      f"{f(r.get('layer_dpx_over_fla'), '.2f')} | {f(r['peak_gib']['dpx'], '.1f')}/"
                      f"{f(r['peak_gib']['fla'], '.1f')} | {st} |")
     return "\n".join(lines)
+
+
+FATAL = ("CUDA error", "illegal memory access", "device-side assert", "unspecified launch failure",
+         "CUBLAS_STATUS", "cudaError")
+
+
+def _fatal(rows) -> bool:
+    """Whether a measured row died of a CUDA fault (after which nothing on this process's GPU context works)."""
+    return any(any(f in str(r.get(k, {}).get("status", "")) for f in FATAL) for r in rows for k in ("dpx", "fla_ref"))
+
+
+def _rest_in_subprocess(plan, args, out: Path, t_end: float) -> list:
+    left = t_end - time.time()
+    if left < 20:
+        return []
+    sub = out / "after_fault"
+    cmd = [sys.executable, __file__, "--out", str(sub), "--parts", "measure", "--plan",
+           ",".join(f"{s}:{v}" for s, v in plan), "--budget-s", str(int(left - 5)), "--precompile-jobs", "0",
+           "--impls", args.impls, "--warmup", str(args.warmup), "--steps", str(args.steps), "--layer-iters",
+           str(args.layer_iters), "--fla-configs", str(args.fla_configs), "--device", args.device]
+    if args.wheels:
+        cmd += ["--wheels", args.wheels]
+    print(f"[layer_gpu] a CUDA fault ended this process's GPU context: the remaining {len(plan)} rows in a fresh "
+          "process", flush=True)
+    with contextlib.suppress(Exception):
+        subprocess.run(cmd, timeout=left, env=os.environ.copy())
+    rows = []
+    for f in sorted(sub.glob("lm_throughput_*.json")):
+        with contextlib.suppress(Exception):
+            for r in json.loads(f.read_text())["rows"]:
+                r["process"] = "fresh (after a CUDA fault)"
+                rows.append(r)
+    return rows
 
 
 def _plan(args) -> list:
@@ -989,9 +1049,9 @@ def main(argv=None) -> int:
                 print(f"  check {'ok  ' if r['ok'] else 'FAIL'} {r['dtype']:8} {r['case']}: "
                       + (r.get("error") or ", ".join(f"{k} {v:.1e}" for k, v in r["errors"].items())), flush=True)
             else:
-                print(f"  check {'ok  ' if r['ok'] else 'FAIL'} {r['case']}: "
-                      + json.dumps({k: {a: f'{b:.1e}' for a, b in v.items()}
-                                    for k, v in r["errors_vs_plain_fp64"].items()}), flush=True)
+                print(f"  check {'ok  ' if r['ok'] else 'FAIL'} {r['case']}: " + (r.get("error") or json.dumps(
+                    {k: {a: f'{b:.1e}' for a, b in v.items()} for k, v in r["errors_vs_plain_fp64"].items()})),
+                    flush=True)
         checks[f"{key}_wall_s"] = round(time.time() - t0, 1)
         save_checks()
 
@@ -1005,6 +1065,7 @@ def main(argv=None) -> int:
     if warm is not None:  # nothing timed runs while workers share the GPU
         t0 = time.time()
         env["warmup"] = warm.join()
+        CANARY_ENV["warmup"] = env["warmup"]
         env["warmup_wall_s"] = round(time.time() - t0, 1)
         print(f"[layer_gpu] compile warm-up: waited {env['warmup_wall_s']} s more: {env['warmup']}", flush=True)
     if "check" in parts:  # the mixer after the warm-up: its delta kernels are cached by then
@@ -1023,6 +1084,10 @@ def main(argv=None) -> int:
         for impl in ("dpx fused", "dpx plain", "fla"):
             if impl == "fla" and (fla_err or (variant.startswith("g") and fla_refuses_gated(device))):
                 profiles[impl] = f"not profiled: {fla_err or fla_refuses_gated(device)}"
+                continue
+            why = canary(env, f"{shape}:{variant}:{'fla' if impl == 'fla' else 'dpx'}")
+            if why:
+                profiles[impl] = f"not profiled: {why}"
                 continue
             try:
                 with deadline(t_end):
@@ -1050,12 +1115,17 @@ def main(argv=None) -> int:
         report = {"env": env, "rows": [], "fla_rows": {}}
         name = out / f"lm_throughput_{'h200' if 'H200' in env.get('gpu', '') else device.type}.json"
         fla_rows = report["fla_rows"]
-        for shape, variant in plan:
+        for i_row, (shape, variant) in enumerate(plan):
+            if _fatal(report["rows"]):  # this process's CUDA context is gone: the rest in a fresh process
+                report["rows"] += _rest_in_subprocess(plan[i_row:], args, out, t_end)
+                break
             print(f"[layer_gpu] {shape}:{variant} ({time.time() - t_start:.0f} s)", flush=True)
             cfg = model_config(shape, variant)
             row = {"shape": shape, "variant": variant, "n_h": int(variant.lstrip("g")),
                    "gated": variant.startswith("g")}
-            row["dpx"] = measure_one(cfg, "dpx", shape, device, args, t_end, plain_layer=True)
+            why = canary(env, f"{shape}:{variant}:dpx")
+            row["dpx"] = {"impl": "dpx", "status": why} if why else \
+                measure_one(cfg, "dpx", shape, device, args, t_end, plain_layer=True)
             fla_v = variant
             note = ""
             if "fla" in impls and not fla_err:
@@ -1064,8 +1134,9 @@ def main(argv=None) -> int:
                     note = f"{fla_refuses_gated(device)}: compared with fla's non-gated {shape}:{fla_v}"
                 key = f"{shape}:{fla_v}"
                 if key not in fla_rows:
-                    fla_rows[key] = measure_one(model_config(shape, fla_v), "fla", shape, device, args, t_end,
-                                                plain_layer=False)
+                    why = canary(env, f"{key}:fla")
+                    fla_rows[key] = {"impl": "fla", "status": why} if why else \
+                        measure_one(model_config(shape, fla_v), "fla", shape, device, args, t_end, plain_layer=False)
                 row["fla_ref"] = fla_rows[key]
                 row["fla_variant"] = fla_v
                 if fla_rows[key].get("status") != "ok":

@@ -47,3 +47,29 @@ def test_prune_fla_autotune(monkeypatch):
     monkeypatch.setitem(sys.modules, "fla_test_ops", mod)
     assert layer_gpu.prune_fla_autotune(2) >= 1
     assert [(c.kwargs["BV"], c.num_warps, c.num_stages) for c in kern.fn.configs] == [(32, 4, 2), (64, 4, 2)]
+
+
+def _run(tmp_path, env_extra, *args):
+    import os
+    env = {**os.environ, **env_extra}
+    p = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--device", "cpu", "--parts", "measure",
+                        "--warmup", "1", "--steps", "1", "--layer-iters", "1", *args],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return json.loads((tmp_path / "lm_throughput_cpu.json").read_text())
+
+
+def test_failed_warmup_worker_skips_its_row(tmp_path):
+    """A variant whose warm-up worker died (a kernel fault, simulated) is not run in the measuring process."""
+    r = _run(tmp_path, {"DPX_LAYER_GPU_WARM_CPU": "1", "DPX_LAYER_GPU_FAIL_WARM": "tiny:g1:dpx"},
+             "--plan", "tiny:g1,tiny:2", "--precompile-jobs", "2")
+    st = {x["variant"]: x["dpx"]["status"] for x in r["rows"]}
+    assert st["g1"].startswith("skipped: its warm-up worker failed") and "illegal memory access" in st["g1"]
+    assert st["2"] == "ok" and r["env"]["warmup"]["tiny:2:dpx"].startswith("ok")
+
+
+def test_cuda_fault_moves_the_rest_to_a_fresh_process(tmp_path):
+    r = _run(tmp_path, {"DPX_LAYER_GPU_FAIL_MEASURE": "tiny:2:dpx"}, "--plan", "tiny:2,tiny:3")
+    assert [x["variant"] for x in r["rows"]] == ["2", "3"]
+    assert "CUDA error" in r["rows"][0]["dpx"]["status"]
+    assert r["rows"][1]["dpx"]["status"] == "ok" and r["rows"][1]["process"].startswith("fresh")
