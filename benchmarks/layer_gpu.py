@@ -563,6 +563,8 @@ def _op_case(name, fast, ref, inputs, dtype, device, seed):
 
 def _op_case1(name, fast, ref, inputs, dtype, device, seed):
     import torch
+    if os.environ.get("DPX_LAYER_GPU_FAIL_OPS") and name.startswith("causal_conv1d"):  # the tests' fault
+        raise RuntimeError("CUDA error: an illegal memory access was encountered (simulated)")
     g = torch.Generator(device="cpu").manual_seed(seed)
     outs, grads = [], []
     dy = None
@@ -919,7 +921,7 @@ def _fatal(rows) -> bool:
     return any(any(f in str(r.get(k, {}).get("status", "")) for f in FATAL) for r in rows for k in ("dpx", "fla_ref"))
 
 
-def _rest_in_subprocess(plan, args, out: Path, t_end: float) -> list:
+def _rest_in_subprocess(plan, args, out: Path, t_end: float, warmup: dict | None = None) -> list:
     left = t_end - time.time()
     if left < 20:
         return []
@@ -933,7 +935,7 @@ def _rest_in_subprocess(plan, args, out: Path, t_end: float) -> list:
     print(f"[layer_gpu] a CUDA fault ended this process's GPU context: the remaining {len(plan)} rows in a fresh "
           "process", flush=True)
     with contextlib.suppress(Exception):
-        subprocess.run(cmd, timeout=left, env=os.environ.copy())
+        subprocess.run(cmd, timeout=left, env={**os.environ, "DPX_LAYER_GPU_WARMUP": json.dumps(warmup or {})})
     rows = []
     for f in sorted(sub.glob("lm_throughput_*.json")):
         with contextlib.suppress(Exception):
@@ -1014,6 +1016,9 @@ def main(argv=None) -> int:
     print(f"[layer_gpu] {json.dumps(env)}", flush=True)
     plan = _plan(args)
     warm = None
+    if os.environ.get("DPX_LAYER_GPU_WARMUP"):  # a fresh process after a fault: the parent's warm-up results
+        with contextlib.suppress(Exception):
+            env["warmup"] = CANARY_ENV["warmup"] = json.loads(os.environ["DPX_LAYER_GPU_WARMUP"])
     if (device.type == "cuda" or os.environ.get("DPX_LAYER_GPU_WARM_CPU")) and args.precompile_jobs > 0 \
             and parts & {"profile", "measure"}:
         specs = []
@@ -1068,8 +1073,35 @@ def main(argv=None) -> int:
         CANARY_ENV["warmup"] = env["warmup"]
         env["warmup_wall_s"] = round(time.time() - t0, 1)
         print(f"[layer_gpu] compile warm-up: waited {env['warmup_wall_s']} s more: {env['warmup']}", flush=True)
+    def fatal_checks() -> bool:
+        texts = [str(r.get("error", "")) for r in checks["ops"] + checks["mixer"]] + [checks["status"]]
+        return any(f in t for t in texts for f in FATAL)
+
+    def rest_fresh(rest: list) -> int:
+        """A CUDA fault in this process: the remaining parts in a fresh one (fused path off if an op faulted),
+        writing into the same folder."""
+        left = t_end - time.time()
+        print(f"[layer_gpu] a CUDA fault in the checks: {','.join(rest)} in a fresh process", flush=True)
+        cmd = [sys.executable, __file__, "--out", str(out), "--parts", ",".join(rest), "--budget-s",
+               str(max(1, int(left - 5))), "--precompile-jobs", "0", "--impls", args.impls, "--plan",
+               ",".join(f"{a}:{b}" for a, b in plan), "--profile-shape", args.profile_shape, "--warmup",
+               str(args.warmup), "--steps", str(args.steps), "--layer-iters", str(args.layer_iters),
+               "--fla-configs", str(args.fla_configs), "--device", args.device] + \
+            (["--wheels", args.wheels] if args.wheels else [])
+        with contextlib.suppress(Exception):
+            subprocess.run(cmd, timeout=max(1.0, left),
+                           env={**os.environ, "DPX_LAYER_GPU_WARMUP": json.dumps(env.get("warmup") or {})})
+        return 0
+
+    if "check" in parts and fatal_checks():
+        if warm is not None:
+            env["warmup"] = warm.join()
+        save_checks()
+        return rest_fresh([p for p in ("profile", "measure") if p in parts])
     if "check" in parts:  # the mixer after the warm-up: its delta kernels are cached by then
         run_checks(check_mixer, "mixer")
+        if fatal_checks():
+            return rest_fresh([p for p in ("profile", "measure") if p in parts])
         print(f"[layer_gpu] checks: {'all ok' if checks['all_ok'] else 'NOT all ok'} ({checks['status']})",
               flush=True)
 
@@ -1117,7 +1149,7 @@ def main(argv=None) -> int:
         fla_rows = report["fla_rows"]
         for i_row, (shape, variant) in enumerate(plan):
             if _fatal(report["rows"]):  # this process's CUDA context is gone: the rest in a fresh process
-                report["rows"] += _rest_in_subprocess(plan[i_row:], args, out, t_end)
+                report["rows"] += _rest_in_subprocess(plan[i_row:], args, out, t_end, env.get("warmup"))
                 break
             print(f"[layer_gpu] {shape}:{variant} ({time.time() - t_start:.0f} s)", flush=True)
             cfg = model_config(shape, variant)

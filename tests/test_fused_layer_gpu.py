@@ -73,3 +73,18 @@ def test_cuda_fault_moves_the_rest_to_a_fresh_process(tmp_path):
     assert [x["variant"] for x in r["rows"]] == ["2", "3"]
     assert "CUDA error" in r["rows"][0]["dpx"]["status"]
     assert r["rows"][1]["dpx"]["status"] == "ok" and r["rows"][1]["process"].startswith("fresh")
+
+
+def test_cuda_fault_in_the_op_checks(tmp_path):
+    """An op check that faults (simulated): the fused path goes off and profile + measure run in a fresh process,
+    into the same folder."""
+    import os
+    p = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--device", "cpu", "--parts",
+                        "check,measure", "--plan", "tiny:2", "--warmup", "1", "--steps", "1", "--layer-iters", "1"],
+                       capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "DPX_LAYER_GPU_FAIL_OPS": "1"})
+    assert p.returncode == 0, p.stderr[-2000:]
+    c = json.loads((tmp_path / "fused_checks.json").read_text())
+    assert not c["all_ok"] and "DPX_FUSED=0" in c["env"]["fused_disabled"]
+    r = json.loads((tmp_path / "lm_throughput_cpu.json").read_text())
+    assert r["rows"][0]["dpx"]["status"] == "ok"
