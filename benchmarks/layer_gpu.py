@@ -993,6 +993,9 @@ def main(argv=None) -> int:
     ap.add_argument("--_warm", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     os.environ.setdefault("TRITON_CACHE_DIR", str(Path(tempfile.gettempdir()) / "dpx_layer_gpu_triton"))
+    # autotune results never from disk: the warm-up workers' "timings" are placeholders (each process tunes itself)
+    os.environ.pop("TRITON_CACHE_AUTOTUNING", None)
+    os.environ["FLA_CACHE_RESULTS"] = "0"
     if args._warm:
         _setup_paths(args.wheels or None)
         return warm_one(args._warm, args.fla_configs)
