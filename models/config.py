@@ -18,6 +18,7 @@ FAMILIES = (
 DELTA_FAMILIES = ("deltanet", "gated_deltanet", "deltaproduct", "gated_deltaproduct")
 MATCHING_MODES = ("none", "heads", "head_dim", "mlp")
 IMPLS = ("auto", "triton", "torch", "naive")
+INITS = ("default", "authors")
 # beta_range names the eigenvalue range of each Householder factor I - beta k k^T (unit k): [0,1] <-> beta in
 # [0,1] (sigmoid), [-1,1] <-> beta in [0,2] (2 * sigmoid), the paper's two settings.
 BETA_RANGES = {"[0,1]": False, "[-1,1]": True}
@@ -118,6 +119,11 @@ class ModelConfig:
     """RMSNorm epsilon"""
     init_std: float = 0.006
     """std of the normal init of embeddings and linear weights (authors' initializer_range)"""
+    init: str = "default"
+    """default: N(0, init_std) for every Linear and Embedding weight (biases 0), short convs keep their uniform
+    +-1/sqrt(conv_size) init | authors: fla 0.2.2's _init_weights as the authors' LM runs had it (prenorm_residual_
+    strategy 'rescale'): also the short convs from N(0, init_std), and every o_proj / down_proj weight re-drawn
+    from kaiming_uniform(a=sqrt(5)) (U(+-1/sqrt(fan_in))) and divided by sqrt(2 * num_layers)"""
     tie_embeddings: bool = True
     """share the input embedding with the output head (ignored when num_classes is set)"""
     chunk_size: int | None = None
@@ -209,6 +215,8 @@ class ModelConfig:
             raise ValueError("norm_eps: must be > 0" if self.norm_eps <= 0 else "init_std: must be > 0")
         if self.chunk_size is not None and self.chunk_size < 1:
             raise ValueError(f"chunk_size: must be >= 1, got {self.chunk_size}")
+        if self.init not in INITS:
+            raise ValueError(f"init: must be one of {', '.join(INITS)}, got {self.init!r}" + did_you_mean(self.init, INITS))
         if self.impl not in IMPLS:
             raise ValueError(f"impl: must be one of {', '.join(IMPLS)}, got {self.impl!r}" + did_you_mean(self.impl, IMPLS))
 

@@ -10,6 +10,7 @@ token. `save_pretrained(dir)` writes model.safetensors + config.json; `load_pret
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import NamedTuple
 
@@ -17,7 +18,7 @@ import torch
 import torch.nn as nn
 
 from .config import ModelConfig
-from .layers import RMSNorm, SwiGLU
+from .layers import RMSNorm, ShortConv, SwiGLU
 from .mixers import get_mixer
 
 
@@ -66,11 +67,20 @@ class LanguageModel(nn.Module):
 
     def _init_weights(self, m: nn.Module):
         # fla's _init_weights with initializer_range = init_std; mixer-specific parameters (A_log, dt_bias, decays)
-        # keep the values their layers set
-        if isinstance(m, (nn.Linear, nn.Embedding)):
+        # keep the values their layers set. init "authors" adds what fla 0.2.2 does besides (ModelConfig.init):
+        # convs drawn like the linears, o_proj / down_proj rescaled. apply() visits children before their parent,
+        # so the rescale overwrites the plain draw of o_proj / down_proj, as in fla.
+        authors = self.config.init == "authors"
+        if isinstance(m, (nn.Linear, nn.Embedding)) or (authors and isinstance(m, ShortConv)):
             nn.init.normal_(m.weight, mean=0.0, std=self.config.init_std)
             if getattr(m, "bias", None) is not None:
                 nn.init.zeros_(m.bias)
+        if authors:
+            proj = getattr(m, "o_proj", None) or getattr(m, "down_proj", None)
+            if isinstance(proj, nn.Linear):
+                nn.init.kaiming_uniform_(proj.weight, a=math.sqrt(5))
+                with torch.no_grad():
+                    proj.weight /= math.sqrt(2 * self.config.num_layers)
 
     @property
     def mixers(self) -> list:

@@ -8,7 +8,7 @@ import json
 import os
 import sys
 import time
-import uuid
+from enum import Enum
 from pathlib import Path
 from typing import List, Optional
 
@@ -20,12 +20,53 @@ from rich.table import Table
 from .errors import RecipeError
 from .grid import get_dotted
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="dpx: declarative experiments for linear-RNN research.")
+app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
+                  rich_markup_mode="markdown",
+                  help="dpx: declarative experiments for linear-RNN research.\n\n"
+                       "Every RECIPE argument is a recipe file or a recipe name (`recipes/quickstart.yaml` or "
+                       "`quickstart`). Overrides use Hydra's grammar: `key=value`, sweeps `key=a,b` and "
+                       "`key=range(1,4)`, `~key`, stacked `scale=NAME`.",
+                  epilog="Examples:  `dpx submit recipes/quickstart.yaml --wait` · `dpx -w /tmp/ws status` · "
+                         "`dpx show quickstart --trial 0` · `dpx --install-completion` (shell completion)")
 out = Console(width=None if sys.stdout.isatty() else 200)  # pipes and CI get wide, untruncated tables
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 400)
 
-WS_OPT = typer.Option(None, "--workspace", "-w", help="workspace folder (default .dpx or $DPX_WORKSPACE)")
+WS_OPT = typer.Option(None, "--workspace", "-w", help="workspace folder (default: the global -w, $DPX_WORKSPACE "
+                      "or .dpx)")
+MULTIRUN_OPT = typer.Option(False, "--multirun", "-m", help="accepted for Hydra habits; every dpx submission is a "
+                            "multirun (sweeps need no flag)")
+_GLOBAL = {"workspace": None}
+
+
+class Fmt(str, Enum):
+    table = "table"
+    csv = "csv"
+    json = "json"
+    parquet = "parquet"
+
+
+class ExpandFmt(str, Enum):
+    table = "table"
+    json = "json"
+    ids = "ids"
+
+
+def _version(value: bool) -> None:
+    if value:
+        import dpx
+
+        print(f"dpx {dpx.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _global(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                         help="print the version and exit"),
+            workspace: Optional[str] = typer.Option(None, "--workspace", "-w",
+                                                    help="workspace folder for every command (default .dpx or "
+                                                         "$DPX_WORKSPACE)")):
+    """dpx: declarative experiments for linear-RNN research."""
+    _GLOBAL["workspace"] = workspace
 
 
 def _fail(msg: str, code: int = 2) -> None:
@@ -36,33 +77,76 @@ def _fail(msg: str, code: int = 2) -> None:
 def _ws(path: Optional[str], must_exist: bool = False):
     from .workspace import Workspace
 
-    ws = Workspace.resolve(path)
+    ws = Workspace.resolve(path or _GLOBAL["workspace"])
+    if ws.root.exists() and not ws.root.is_dir():
+        _fail(f"{ws.root}: not a folder (--workspace and $DPX_WORKSPACE name a workspace folder)")
+    from .repair import check
+
+    problem = check(ws)  # a damaged state store: one line; a deleted one is rebuilt from the run dirs
+    if problem:
+        _fail(problem)
     if must_exist and not ws.exists:
         _fail(f"{ws.root}: no dpx workspace here yet (run `dpx submit RECIPE` first, or pass --workspace)")
     return ws
 
 
-def _expand(recipe: str, overrides: list[str]):
-    from .trials import expand
+def _need(module: str, extra: str) -> None:
+    """A command that needs an optional stack: one line naming the extra when it is missing."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        _fail(f"this needs {module}, which is not installed: pip install 'dpx[{extra}]'", 1)
+
+
+def _store(ws):
+    from .state import StateStore
+
+    return StateStore(ws.state_db) if ws.exists else None
+
+
+def _expand(recipe: str, overrides: list[str], workspace: Optional[str] = None):
+    from .api import expand
 
     try:
-        return expand(recipe, overrides)
+        return expand(recipe, overrides, _ws(workspace))
     except RecipeError as e:
         _fail(e.line())
 
 
-def _recipe_name(arg: str) -> str:
+def _recipe_name(arg: str, ws=None) -> str:
     """A recipe argument may be a file (its `name:` wins) or a bare name."""
+    from .refs import resolve
+
     p = Path(arg)
-    if p.suffix in (".yaml", ".yml") and p.exists():
-        import yaml
+    if p.exists() and not p.is_file():  # a folder, a FIFO, a device: one line saying which, never a hang
+        from .limits import read_recipe_text
 
         try:
-            data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError:
-            data = {}
-        return str(data.get("name") or p.stem) if isinstance(data, dict) else p.stem
-    return arg
+            read_recipe_text(p, arg)
+        except RecipeError as e:
+            _fail(e.line())
+    return resolve(arg, _store(ws) if ws is not None else None).name
+
+
+def _complete_recipe(incomplete: str) -> list[str]:
+    """Shell completion for RECIPE: names of recipes/*.yaml here, files under a typed folder, and the recipe names
+    the workspace knows."""
+    import glob
+
+    if "/" in incomplete or incomplete.startswith("."):
+        return sorted(glob.glob(incomplete + "*.y*ml")) + [d + "/" for d in sorted(glob.glob(incomplete + "*"))
+                                                          if os.path.isdir(d)]
+    found = [Path(f).stem for f in sorted(glob.glob(f"recipes/{glob.escape(incomplete)}*.yaml"))]  # by name
+    found += [d + "/" for d in sorted(glob.glob(glob.escape(incomplete) + "*")) if os.path.isdir(d)]
+    try:
+        ws = _ws(None)
+        store = _store(ws)
+        if store is not None:
+            found += sorted({r[0] for r in store.q("SELECT DISTINCT recipe FROM trials")
+                             if r[0].startswith(incomplete)} - set(found))
+    except Exception:  # noqa: BLE001 — completion must never fail loudly
+        pass
+    return found
 
 
 def _fmt(v) -> str:
@@ -71,21 +155,31 @@ def _fmt(v) -> str:
     return str(v)
 
 
-# ---- expand -------------------------------------------------------------------------------------------------
-@app.command()
-def expand(recipe: str = typer.Argument(..., help="recipe YAML file"),
-           overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides; scale=NAME"),
-           fmt: str = typer.Option("table", "--format", help="table | json | ids"),
-           limit: int = typer.Option(50, help="rows shown in the table (0: all)")):
+# ---- expand / show -----------------------------------------------------------------------------------------
+OVERRIDES_ARG = typer.Argument(None, help="overrides (Hydra grammar): key=value, key=a,b, key=range(1,4), ~key, "
+                               "scale=NAME (repeatable: stacked in order)")
+
+
+@app.command(epilog="Examples:  `dpx expand recipes/fig5_state_tracking.yaml scale=cpu` · "
+                    "`dpx expand quickstart model.num_householder=1,2 seeds=range(3)` · `dpx expand fig5_state_tracking --format ids`")
+def expand(recipe: str = typer.Argument(..., help="recipe file or name", autocompletion=_complete_recipe),
+           overrides: Optional[List[str]] = OVERRIDES_ARG,
+           fmt: ExpandFmt = typer.Option(ExpandFmt.table, "--format", help="table | json | ids"),
+           limit: int = typer.Option(50, help="rows shown in the table (0: all)"),
+           max_trials: Optional[int] = typer.Option(None, "--max-trials", help="allow grids above 100,000 trials"),
+           multirun: bool = MULTIRUN_OPT):
     """Print the trial grid (count, trial ids, the axes that vary). Runs nothing, writes nothing."""
+    from .limits import set_max_trials
+
+    set_max_trials(max_trials)
     t0 = time.perf_counter()
     ex = _expand(recipe, overrides or [])
     dt = time.perf_counter() - t0
-    if fmt == "ids":
+    if fmt == ExpandFmt.ids:
         for t in ex.trials:
             print(t.trial_id)
         return
-    if fmt == "json":
+    if fmt == ExpandFmt.json:
         print(json.dumps([{"trial_id": t.trial_id, **t.point} for t in ex.trials], default=str))
         return
     table = Table(title=f"{ex.recipe}: {len(ex.trials)} trials", show_lines=False)
@@ -104,206 +198,305 @@ def expand(recipe: str = typer.Argument(..., help="recipe YAML file"),
               f"{ex.meta.hardware.backend}; expanded in {dt:.2f}s")
 
 
-# ---- submit / rerun -----------------------------------------------------------------------------------------
+@app.command(epilog="Examples:  `dpx show recipes/fig12_beta01.yaml` (the recipe after base:, scales, overrides) · "
+                    "`dpx show quickstart --trial 2` · `dpx show quickstart --trial 5ccafb` (an id prefix)")
+def show(recipe: str = typer.Argument(..., help="recipe file or name", autocompletion=_complete_recipe),
+         overrides: Optional[List[str]] = OVERRIDES_ARG,
+         trial: Optional[str] = typer.Option(None, "--trial", "-t", help="a trial's resolved config: its number "
+                                             "in `dpx expand` or a trial id prefix"),
+         multirun: bool = MULTIRUN_OPT):
+    """Print the resolved recipe (after base:, scales and overrides), or one trial's resolved config, as YAML
+    (Hydra's `--cfg job`). Runs nothing, writes nothing."""
+    import yaml
+
+    ex = _expand(recipe, overrides or [])
+    if trial is None:
+        sys.stdout.write(yaml.safe_dump(ex.raw, sort_keys=False))
+        return
+    if trial.isdigit() and len(trial) < 6:
+        i = int(trial)
+        if i >= len(ex.trials):
+            _fail(f"{recipe}: no trial {i} (the grid has {len(ex.trials)}: 0-{len(ex.trials) - 1})")
+        t = ex.trials[i]
+    else:
+        hits = [t for t in ex.trials if t.trial_id.startswith(trial)]
+        if len(hits) != 1:
+            _fail(f"{recipe}: {'no trial id starts with' if not hits else 'ambiguous trial id prefix'} {trial!r}")
+        t = hits[0]
+    sys.stdout.write(yaml.safe_dump(t.config, sort_keys=False))
+
+
+# ---- submit / rerun / watch -----------------------------------------------------------------------------------
 def _submit(recipe: str, overrides: list[str], wait: bool, workspace: Optional[str], rerun_failed: bool) -> None:
-    from .backends import check_backend
-    from .driver import spawn_driver
+    from .api import start
     from .state import StateStore
 
-    ex = _expand(recipe, overrides)
     ws = _ws(workspace)
     try:
-        check_backend(ex.meta.hardware.model_dump(), ws)
+        st = start(recipe, overrides, ws, rerun_failed=rerun_failed)
     except RecipeError as e:
-        _fail(RecipeError(e.reason, recipe, e.key).line())
-    ws.create()
-    store = StateStore(ws.state_db)
-    if rerun_failed:
-        n = store.reset(ex.recipe, ("failed", "cancelled"), [t.trial_id for t in ex.trials])
-        out.print(f"{n} failed/cancelled trial(s) of {ex.recipe} queued again")
-    sub_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
-    counts = store.add_submission(sub_id, ex.recipe, str(Path(recipe).absolute()), overrides,
-                                  ex.meta.hardware.backend, ex.trials, lambda t: ws.run_dir(ex.recipe, t.trial_id))
-    c = store.counts(submission=sub_id)
-    todo = c["pending"] + c["running"]
-    out.print(f"submission {sub_id}: {len(ex.trials)} trials ({counts['new']} new); "
-              f"{c['completed']} already completed, {c['failed']} failed, {todo} to run "
+        _fail(e.line())
+    ex, sub_id, c = st.expansion, st.sub_id, st.counts
+    if st.reused_overrides is not None:
+        out.print(f"reusing the overrides of submission {st.reused_overrides[0]}: "
+                  f"{escape(' '.join(st.reused_overrides[1]))}", highlight=False)
+    if st.reset is not None:
+        out.print(f"{st.reset} failed/cancelled trial(s) of {ex.recipe} queued again")
+    out.print(f"submission {sub_id}: {len(ex.trials)} trials ({st.new} new); "
+              f"{c['completed']} already completed, {c['failed']} failed, {st.todo} to run "
               f"on {ex.meta.hardware.backend}")
-    if todo == 0:
-        store.update_submission(sub_id, state="done", ended_at=time.time())
+    store = StateStore(st.ws.state_db)
+    if st.todo == 0:
         out.print("nothing to run" + (" (use `dpx rerun RECIPE --failed` for failed trials)" if c["failed"] else ""))
     else:
-        pid = spawn_driver(ws, sub_id)
-        store.update_submission(sub_id, driver_pid=pid, driver_host=__import__("socket").gethostname(),
-                                heartbeat=time.time())
-        out.print(f"driver pid {pid}; log {escape(str(ws.drivers / (sub_id + '.log')))}")  # a path is not markup
+        if st.handed_to is not None:
+            out.print(f"a driver of {ex.recipe} is running (submission {st.handed_to['id']}, pid "
+                      f"{st.handed_to['driver_pid']}): {st.handed} new trial(s) joined its queue; this "
+                      f"submission's driver waits for it (one driver per recipe)")
+        out.print(f"driver pid {st.driver_pid}; log {escape(str(st.ws.drivers / (sub_id + '.log')))}")  # not markup
         if ex.meta.hardware.backend == "slurm" and not wait:  # return once sbatch has accepted the arrays
             from .backends.slurm import wait_accepted
 
             jobs = wait_accepted(store, sub_id)
             out.print(f"sbatch accepted: Slurm job {', '.join(jobs)}" if jobs else "no Slurm job yet: see `dpx status`")
     if wait:
-        from .progress import watch
+        _watch_and_report(st.ws, store, sub_id, ex.recipe, ex.axes)
 
-        watch(ws, store, sub_id, ex)
-        _wait_driver(ws, store, sub_id)
-        from .results import print_results
 
-        print_results(ws, store, ex.recipe, sub_id, ex.axes, out)
-        failed = store.counts(submission=sub_id)["failed"]
-        raise typer.Exit(1 if failed else 0)
+def _watch_and_report(ws, store, sub_id: str, recipe: str, axes: list[str]) -> None:
+    from types import SimpleNamespace
+
+    from .progress import watch
+    from .results import print_results
+
+    watch(ws, store, sub_id, SimpleNamespace(recipe=recipe))
+    _wait_driver(ws, store, sub_id)
+    print_results(ws, store, recipe, sub_id, axes, out)
+    failed = store.counts(submission=sub_id)["failed"]
+    raise typer.Exit(1 if failed else 0)
 
 
 def _wait_driver(ws, store, sub_id: str, limit_s: float = 900) -> None:
     """After the trials: wait while the driver finishes MLflow logging, the DuckDB tables and the recipe figures,
     so that `dpx ui` / `dpx query` right after `--wait` see everything."""
-    import socket
+    from .api import wait_driver
 
-    from .state import pid_alive
-
-    t0 = time.time()
     with err.status("finishing: MLflow logging, results tables, figures ..."):
-        while time.time() - t0 < limit_s:
-            sub = store.submission(sub_id)
-            if sub is None or not sub["driver_pid"]:
-                return
-            if sub["driver_host"] == socket.gethostname():
-                if not pid_alive(sub["driver_pid"]):  # the process itself, not just its last state write
-                    return
-            elif sub["state"] in ("done", "cancelled", "crashed"):
-                return
-            time.sleep(0.2)
+        wait_driver(ws, store, sub_id, limit_s)
 
 
-@app.command()
-def submit(recipe: str = typer.Argument(..., help="recipe YAML file"),
-           overrides: Optional[List[str]] = typer.Argument(None, help="key=value overrides; scale=NAME"),
-           wait: bool = typer.Option(False, "--wait", help="show live progress until the grid finishes"),
-           workspace: Optional[str] = WS_OPT):
-    """Expand RECIPE and run its trials in the background (completed trials never run again)."""
+WAIT_OPT = typer.Option(False, "--wait/--no-wait", help="show live progress until the grid finishes, then the "
+                        "results (exit 1 if a trial failed)")
+
+
+@app.command(epilog="Examples:  `dpx submit recipes/quickstart.yaml --wait` · "
+                    "`dpx submit fig5_state_tracking scale=cpu model.num_householder=1,2` · "
+                    "`dpx -w /scratch/ws submit table2_formal_languages seeds=range(3)`")
+def submit(recipe: str = typer.Argument(..., help="recipe file or name", autocompletion=_complete_recipe),
+           overrides: Optional[List[str]] = OVERRIDES_ARG,
+           wait: bool = WAIT_OPT,
+           workspace: Optional[str] = WS_OPT,
+           max_trials: Optional[int] = typer.Option(None, "--max-trials", help="allow grids above 100,000 trials"),
+           multirun: bool = MULTIRUN_OPT):
+    """Expand RECIPE and run its trials in the background (completed trials never run again). A second submit of
+    a recipe whose driver runs hands its new trials to that driver."""
+    from .limits import set_max_trials
+
+    set_max_trials(max_trials)
     _submit(recipe, overrides or [], wait, workspace, rerun_failed=False)
 
 
-@app.command()
-def rerun(recipe: str = typer.Argument(..., help="recipe YAML file"),
-          overrides: Optional[List[str]] = typer.Argument(None),
+@app.command(epilog="Examples:  `dpx rerun quickstart --failed` (the last submission's overrides again) · "
+                    "`dpx rerun recipes/quickstart.yaml --failed seeds=[1] --wait`")
+def rerun(recipe: str = typer.Argument(..., help="recipe file or name", autocompletion=_complete_recipe),
+          overrides: Optional[List[str]] = typer.Argument(None, help="overrides; none: those of the recipe's last "
+                                                          "submission"),
           failed: bool = typer.Option(False, "--failed", help="run failed, cancelled and missing trials again"),
-          wait: bool = typer.Option(False, "--wait"),
+          wait: bool = WAIT_OPT,
+          max_trials: Optional[int] = typer.Option(None, "--max-trials", help="allow grids above 100,000 trials"),
           workspace: Optional[str] = WS_OPT):
-    """Run failed (and missing) trials of RECIPE again; completed trials are left alone."""
+    """Run failed, cancelled (and missing) trials of RECIPE again; completed trials are left alone."""
+    from .limits import set_max_trials
+
+    set_max_trials(max_trials)
     if not failed:
         _fail("say what to rerun: `dpx rerun RECIPE --failed`")
     _submit(recipe, overrides or [], wait, workspace, rerun_failed=True)
 
 
+@app.command(epilog="Examples:  `dpx watch` (the latest submission) · `dpx watch quickstart`")
+def watch(recipe: Optional[str] = typer.Argument(None, help="recipe file or name (default: the latest submission)",
+                                                  autocompletion=_complete_recipe),
+          workspace: Optional[str] = WS_OPT):
+    """Re-attach to a submission's live progress (the display of `submit --wait`), then its results."""
+    from .driver import driver_alive
+
+    ws = _ws(workspace, must_exist=True)
+    store = _store(ws)
+    subs = store.submissions(_recipe_name(recipe, ws)) if recipe else store.submissions()
+    if not subs:
+        _fail(f"{recipe or ws.root}: no submission {'of this recipe ' if recipe else ''}in {ws.root}")
+    live = [s for s in subs if driver_alive(s)]
+    sub = live[-1] if live else subs[-1]
+    rows = store.trials(submission=sub["id"])
+    points = [json.loads(r["point"] or "{}") for r in rows]
+    from .trials import _varying_axes
+
+    seeds = sorted({p.get("seed") for p in points if "seed" in p})
+    axes = _varying_axes([{k: v for k, v in p.items() if k != "seed"} for p in points], seeds)
+    out.print(f"submission {sub['id']} of {sub['recipe']} ({'live' if live else sub['state']})")
+    _watch_and_report(ws, store, sub["id"], sub["recipe"], axes)
+
+
 # ---- status / logs / cancel ---------------------------------------------------------------------------------
-@app.command()
-def status(recipe: Optional[str] = typer.Argument(None, help="recipe file or name (default: all)"),
+@app.command(epilog="Examples:  `dpx status` · `dpx status quickstart --trials`")
+def status(recipe: Optional[str] = typer.Argument(None, help="recipe file or name (default: all)",
+                                                   autocompletion=_complete_recipe),
            workspace: Optional[str] = WS_OPT,
            all_trials: bool = typer.Option(False, "--trials", help="list every trial")):
     """Done / running / pending / failed counts per recipe, and the error tails of failed trials."""
     from .results import print_status
-    from .state import StateStore
 
     ws = _ws(workspace, must_exist=True)
-    store = StateStore(ws.state_db)
-    name = _recipe_name(recipe) if recipe else None
+    store = _store(ws)
+    name = _recipe_name(recipe, ws) if recipe else None
     if name and not store.trials(recipe=name):
         _fail(f"{recipe}: no trials of recipe {name!r} in {ws.root}")
     print_status(ws, store, name, out, all_trials)
 
 
-@app.command()
-def logs(trial: str = typer.Argument(..., help="trial id (a unique prefix is enough)"),
+@app.command(epilog="Examples:  `dpx logs 5ccafb` · `dpx logs 5ccafb --follow` · `dpx logs quickstart --tail 20` "
+                    "(every trial of the recipe that ran)")
+def logs(trial: str = typer.Argument(..., help="trial id (a unique prefix is enough), or a recipe file or name"),
          workspace: Optional[str] = WS_OPT,
-         tail: int = typer.Option(0, help="only the last N lines")):
-    """Print a trial's log (all attempts)."""
-    from .state import StateStore
+         tail: int = typer.Option(0, help="only the last N lines (per trial)"),
+         follow: bool = typer.Option(False, "--follow", "-f", help="keep printing while the trial runs")):
+    """Print a trial's log (all attempts) with its training lines (`[train] step N  key value ...`)."""
+    from . import logs as tlogs
 
     ws = _ws(workspace, must_exist=True)
-    rows = StateStore(ws.state_db).find_trial(trial)
+    store = _store(ws)
+    rows = store.find_trial(trial)
     if not rows:
-        _fail(f"{trial}: no such trial")
-    if len({(r["recipe"], r["trial_id"]) for r in rows}) > 1:
+        name = _recipe_name(trial, ws)
+        rows = [r for r in store.trials(recipe=name) if r["status"] != "pending"]
+        if not rows:
+            _fail(f"{trial}: no such trial, and no trial of a recipe {name!r} has started")
+        if follow:
+            running = [r for r in rows if r["status"] == "running"]
+            if len(running) != 1:
+                _fail(f"{trial}: --follow takes one trial; {len(running)} of {name} are running"
+                      + (": " + ", ".join(r["trial_id"] for r in running[:5]) if running else ""))
+            rows = running
+    elif len({(r["recipe"], r["trial_id"]) for r in rows}) > 1:
         _fail(f"{trial}: ambiguous, matches " + ", ".join(f"{r['recipe']}/{r['trial_id']}" for r in rows[:5]))
-    path = ws.run_dir(rows[0]["recipe"], rows[0]["trial_id"]) / "log.txt"
-    if not path.exists():
-        _fail(f"{path}: no log yet (trial is {rows[0]['status']})", 1)
-    text = path.read_text(errors="replace")
-    if tail:
-        text = "\n".join(text.splitlines()[-tail:])
-    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    for r in rows:
+        run_dir = ws.run_dir(r["recipe"], r["trial_id"])
+        if len(rows) > 1:
+            print(f"===== {r['recipe']}/{r['trial_id']} ({r['status']})")
+        if follow:
+            def running(recipe=r["recipe"], tid=r["trial_id"]) -> bool:
+                got = store.q("SELECT status FROM trials WHERE recipe = ? AND trial_id = ?", (recipe, tid))
+                return bool(got) and got[0]["status"] in ("pending", "running")
+
+            tlogs.follow(run_dir, running)
+            continue
+        if not (run_dir / "log.txt").exists():
+            if len(rows) == 1:
+                _fail(f"{run_dir / 'log.txt'}: no log yet (trial is {r['status']})", 1)
+            continue
+        for line in tlogs.show(run_dir, tail):
+            print(line)
 
 
-@app.command()
-def cancel(recipe: str = typer.Argument(..., help="recipe file or name"), workspace: Optional[str] = WS_OPT):
+@app.command(epilog="Examples:  `dpx cancel quickstart` · `dpx cancel recipes/fig5_state_tracking.yaml`")
+def cancel(recipe: str = typer.Argument(..., help="recipe file or name", autocompletion=_complete_recipe), workspace: Optional[str] = WS_OPT):
     """Stop a recipe's running trials and drop its pending ones (they can be rerun with `rerun --failed`)."""
-    from .driver import driver_alive
-    from .state import StateStore
+    from .api import cancel as api_cancel
 
     ws = _ws(workspace, must_exist=True)
-    store = StateStore(ws.state_db)
-    name = _recipe_name(recipe)
-    subs = [s for s in store.submissions(name) if s["state"] in ("starting", "running")]
-    for s in subs:
-        store.update_submission(s["id"], state="cancelling")
-    live = [s for s in subs if driver_alive(s) or s["state"] == "starting"]
-    if not live:  # no driver to do it: cancel pending trials here
-        with store.tx() as c:
-            n = c.execute("UPDATE trials SET status='cancelled', error='cancelled by user', updated_at=? "
-                          "WHERE recipe=? AND status='pending'", (time.time(), name)).rowcount
-        out.print(f"{name}: no live driver; {n} pending trial(s) cancelled")
+    c = api_cancel(recipe, ws)
+    if not c["live"]:
+        out.print(f"{c['recipe']}: no live driver; {c['cancelled_pending']} pending trial(s) cancelled")
         return
-    deadline = time.time() + 60
-    while time.time() < deadline and store.counts(recipe=name)["running"]:
-        time.sleep(0.5)
-    c = store.counts(recipe=name)
-    out.print(f"{name}: cancelled ({c['cancelled']} cancelled, {c['running']} still stopping, "
+    out.print(f"{c['recipe']}: cancelled ({c['cancelled']} cancelled, {c['running']} still stopping, "
               f"{c['completed']} completed kept)")
 
 
 # ---- results ------------------------------------------------------------------------------------------------
-@app.command()
+FMT_OPT = typer.Option(Fmt.table, "--format", help="table | csv | json | parquet (parquet: to --out FILE or a pipe)")
+
+
+@app.command(epilog="Examples:  `dpx query \"SELECT * FROM recipe_quickstart\"` · "
+                    "`dpx query \"SELECT * FROM fig5\" --format csv > fig5.csv` · "
+                    "`dpx query \"SELECT * FROM trials\" --format parquet --out trials.parquet`")
 def query(sql: str = typer.Argument(..., help="SQL over tables trials, metrics, summary, curves, views"),
-          fmt: str = typer.Option("table", "--format", help="table | csv | json"),
+          fmt: Fmt = FMT_OPT,
+          out_file: Optional[str] = typer.Option(None, "--out", help="write the rows to FILE (outside the workspace)"),
           workspace: Optional[str] = WS_OPT):
-    """SQL over the results (DuckDB), rebuilt from the run dirs when they changed."""
+    """SQL over the results (DuckDB, read-only, no file access), rebuilt from the run dirs when they changed."""
+    from . import export
     from .results import refresh_duckdb
 
     ws = _ws(workspace, must_exist=True)
+    fmt = Fmt(fmt).value
+    if fmt not in export.FORMATS:
+        _fail(f"--format: {fmt!r} is not one of {', '.join(export.FORMATS)}")
+    try:
+        dest = export.check_out(out_file, ws.root, fmt) if out_file else None
+    except RecipeError as e:
+        _fail(e.line())
+    if fmt == "parquet" and dest is None:
+        _fail("--format parquet: needs --out FILE")
     db = refresh_duckdb(ws)
     from dpx.registry import query as rq
+    from dpx.registry.db import query_arrow
 
     try:
-        cols, rows = rq(db, sql)
+        if fmt == "parquet":
+            n = export.write_export(dest, fmt, arrow_table=query_arrow(db, sql))
+        else:
+            cols, rows = rq(db, sql)
+            n = export.write_export(dest, fmt, cols, rows) if dest else None
     except Exception as e:  # noqa: BLE001 — SQL errors are user input errors
         _fail(f"query: {str(e).splitlines()[0]}")
+    if dest is not None:
+        out.print(f"{n} row(s) written to {escape(str(dest))}")
+        return
     _print_rows(cols, rows, fmt)
 
 
-def _print_rows(cols: list[str], rows: list, fmt: str) -> None:
-    if fmt == "json":
-        print(json.dumps([dict(zip(cols, r)) for r in rows], default=str))
-    elif fmt == "csv":
-        import csv
+def _print_rows(cols: list[str], rows: list, fmt, out_file: Optional[str] = None) -> None:
+    from . import export
 
-        w = csv.writer(sys.stdout)
-        w.writerow(cols)
-        w.writerows(rows)
-    else:
-        t = Table()
-        for c in cols:
-            t.add_column(str(c))
-        for r in rows:
-            t.add_row(*[_fmt(v) for v in r])
-        out.print(t)
-        out.print(f"{len(rows)} row(s)")
+    fmt = Fmt(fmt)
+    if fmt == Fmt.parquet:
+        _fail("--format parquet is for `dpx query` (with --out FILE)")
+    stream = open(out_file, "w", newline="") if out_file else sys.stdout
+    try:
+        if fmt == Fmt.json:
+            stream.write(export.to_json(cols, rows) + "\n")  # strict JSON: NaN/Infinity as null
+        elif fmt == Fmt.csv:
+            stream.write(export.to_csv(cols, rows))
+        else:
+            t = Table()
+            for c in cols:
+                t.add_column(str(c))
+            for r in rows:
+                t.add_row(*[_fmt(v) for v in r])
+            con = Console(file=stream, width=200) if out_file else out
+            con.print(t)
+            con.print(f"{len(rows)} row(s)")
+    finally:
+        if out_file:
+            stream.close()
 
 
-@app.command()
+@app.command(epilog="Examples:  `dpx compare fig5` · `dpx compare table2 --recipe table2_formal_languages "
+                    "--format csv`")
 def compare(name: str = typer.Argument(..., help="paper table or figure: table2, table3, table4, fig4, fig5, ..."),
             recipe: Optional[str] = typer.Option(None, help="only trials of this recipe"),
-            fmt: str = typer.Option("table", "--format", help="table | csv | json"),
+            fmt: Fmt = typer.Option(Fmt.table, "--format", help="table | csv | json"),
             workspace: Optional[str] = WS_OPT):
     """Our numbers beside the paper's, with deltas; rows without a run yet are marked."""
     from dpx.registry import KNOWN_NAMES
@@ -311,6 +504,8 @@ def compare(name: str = typer.Argument(..., help="paper table or figure: table2,
 
     if name not in KNOWN_NAMES:
         _fail(f"compare: unknown table {name!r}; known: {', '.join(KNOWN_NAMES)}")
+    if fmt == Fmt.parquet:
+        _fail("compare: --format parquet is for `dpx query` (use table, csv or json)")
     ws = _ws(workspace)
     if ws.exists:
         from .results import refresh_duckdb
@@ -324,10 +519,10 @@ def compare(name: str = typer.Argument(..., help="paper table or figure: table2,
         db = Path(tempfile.mkdtemp()) / "empty.duckdb"
         ingest(db, [])
     try:
-        cmp = rcompare(db, name, _recipe_name(recipe) if recipe else None)
+        cmp = rcompare(db, name, _recipe_name(recipe, ws) if recipe else None)
     except ValueError as e:
         _fail(f"compare: {e}")
-    if fmt != "table":
+    if fmt != Fmt.table:
         _print_rows(cmp.columns, cmp.rows, fmt)
         return
     keep = [i for i, c in enumerate(cmp.columns) if c != "source"]  # sources: --format csv/json
@@ -341,15 +536,21 @@ def compare(name: str = typer.Argument(..., help="paper table or figure: table2,
         out.print(f"[dim]{n}[/dim]", highlight=False)
 
 
-@app.command()
-def report(recipe: str = typer.Argument(..., help="recipe file or name"),
+@app.command(epilog="Examples:  `dpx report quickstart` · `dpx report recipes/fig5_state_tracking.yaml --out f5.html`")
+def report(recipe: str = typer.Argument(..., help="recipe file or name", autocompletion=_complete_recipe),
            out_html: Optional[str] = typer.Option(None, "--out", help="HTML file (default <workspace>/reports/RECIPE.html)"),
            workspace: Optional[str] = WS_OPT):
     """One self-contained HTML file: the paper's tables and figures beside ours."""
     from .results import refresh_duckdb
 
     ws = _ws(workspace, must_exist=True)
-    name = _recipe_name(recipe)
+    if "/" in recipe and not Path(recipe).is_file():  # a path that is no file is not a name either
+        _fail(f"{recipe}: not a recipe name, nor a recipe file (pass a recipe file or name)")
+    name = _recipe_name(recipe, ws)
+    from .limits import NAME_RE
+
+    if out_html is None and not NAME_RE.fullmatch(name):  # it names a file under <workspace>/reports/
+        _fail(f"{recipe}: not a recipe name (letters, digits, '_', '.', '-'); pass a recipe file or name")
     db = refresh_duckdb(ws)
     from dpx.registry import NothingToReport
     from dpx.registry import report as rreport
@@ -363,8 +564,8 @@ def report(recipe: str = typer.Argument(..., help="recipe file or name"),
     out.print(f"report: {p}")
 
 
-@app.command()
-def params(recipe: str = typer.Argument(..., help="recipe YAML file"),
+@app.command(epilog="Examples:  `dpx params recipes/table3.yaml` · `dpx params table4 model.num_layers=12`")
+def params(recipe: str = typer.Argument(..., help="recipe file or name", autocompletion=_complete_recipe),
            overrides: Optional[List[str]] = typer.Argument(None)):
     """Each trial's parameter count and the dimension parameter matching solved for."""
     ex = _expand(recipe, overrides or [])
@@ -393,12 +594,13 @@ def params(recipe: str = typer.Argument(..., help="recipe YAML file"),
     out.print(t)
 
 
-@app.command()
+@app.command(epilog="Examples:  `dpx sync` · `dpx -w ./dpx_ws sync` (a workspace unpacked from a GPU node)")
 def sync(workspace: Optional[str] = WS_OPT):
     """Ingest finished run dirs into MLflow (what a driver could not log) and DuckDB; idempotent."""
     from .results import refresh_duckdb, sync_mlflow
 
     ws = _ws(workspace, must_exist=True)
+    _need("mlflow", "mlflow")
     n, closed = sync_mlflow(ws)
     db = refresh_duckdb(ws, force=True)
     out.print(f"MLflow: {n} trial run(s) synced, {closed} parent run(s) of dead drivers closed; DuckDB rebuilt at "
@@ -406,17 +608,36 @@ def sync(workspace: Optional[str] = WS_OPT):
 
 
 @app.command()
+def repair(workspace: Optional[str] = WS_OPT):
+    """Rebuild the state store from the run dirs after state.db was lost or damaged (completed trials stay done;
+    their MLflow runs are found again, not duplicated)."""
+    from .repair import repair_command
+    from .workspace import Workspace
+
+    ws = Workspace.resolve(workspace)
+    if ws.root.exists() and not ws.root.is_dir():
+        _fail(f"{ws.root}: not a folder (--workspace and $DPX_WORKSPACE name a workspace folder)")
+    if not ws.runs.is_dir():
+        _fail(f"{ws.root}: no run dirs to rebuild from ({ws.runs} does not exist)")
+    repair_command(ws, out)
+
+
+@app.command(epilog="Examples:  `dpx ui` · `dpx ui --port 5001 --host 0.0.0.0`")
 def ui(port: int = typer.Option(5000), host: str = typer.Option("127.0.0.1"), workspace: Optional[str] = WS_OPT):
     """Serve the MLflow UI over the workspace's tracking store."""
     ws = _ws(workspace, must_exist=True)
+    _need("mlflow", "mlflow")
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", ws.mlflow_uri(), "--host", host,
            "--port", str(port), "--workers", "1", "--default-artifact-root", ws.mlflow_artifacts.as_uri()]
-    out.print(f"MLflow UI on http://{host}:{port} (Ctrl-C stops it)")
+    from .tracking import ui_url
+
+    out.print(f"MLflow UI on {ui_url(f'http://{host}:{port}')} (Ctrl-C stops it)")  # opens in model-training view
     os.execvpe(cmd[0], cmd, env)
 
 
-@app.command()
+@app.command(epilog="Examples:  `dpx server --host 0.0.0.0 --detach` · `dpx server --stop` · "
+                    "`dpx server --store postgresql://u:p@db/mlflow`")
 def server(host: str = typer.Option("127.0.0.1", help="interface to listen on (0.0.0.0: every node may connect)"),
            port: int = typer.Option(5000),
            store: Optional[str] = typer.Option(None, help="SQL store URI (default sqlite:///<workspace>/mlflow.db; "
@@ -428,6 +649,7 @@ def server(host: str = typer.Option("127.0.0.1", help="interface to listen on (0
     """Run a lean MLflow tracking server that drivers and workers on other nodes log to by URI."""
     from . import server as srv
 
+    _need("mlflow", "mlflow")
     ws = _ws(workspace).create()
     if stop_it:
         st = srv.read_state(ws)
@@ -451,7 +673,9 @@ def server(host: str = typer.Option("127.0.0.1", help="interface to listen on (0
         srv.stop(proc.pid)
         tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-2:])[-300:] if log.exists() else ""
         _fail(f"{e}; {log}: {tail}", 1)
-    out.print(f"MLflow server up in {took:.1f}s (pid {proc.pid}), store {store}, log {log}")
+    from .tracking import ui_url
+
+    out.print(f"MLflow server up in {took:.1f}s (pid {proc.pid}), store {store}, log {log}; UI {ui_url(uri)}")
     out.print(f"tracking URI: {uri}\n  in a recipe:  tracking: {{mlflow_uri: {uri}}}\n"
               f"  or:           export DPX_MLFLOW_URI={uri}")
     if detach:
@@ -464,12 +688,37 @@ def server(host: str = typer.Option("127.0.0.1", help="interface to listen on (0
         srv.stop(proc.pid)
 
 
+def _is(e: BaseException, name: str) -> bool:
+    """click's exception classes by name: typer (0.29) vendors its own click, so `click.UsageError` is not them."""
+    return any(c.__name__ == name for c in type(e).__mro__)
+
+
 def main() -> None:
     try:
-        app()
+        rc = app(standalone_mode=False, prog_name="dpx")
     except RecipeError as e:  # a config class raised outside the expansion path
         err.print(f"error: {escape(e.line())}", highlight=False, soft_wrap=True)
         sys.exit(2)
+    except (OSError, __import__("sqlite3").OperationalError) as e:  # a full disk, a vanished folder: one line
+        msg = " ".join(str(e).split()) or type(e).__name__
+        if "disk is full" in msg or "No space left" in msg or getattr(e, "errno", None) == 28:
+            msg = f"the disk is full: {msg}"
+        err.print(f"error: {escape(msg)}", highlight=False, soft_wrap=True)
+        sys.exit(1)
+    except Exception as e:  # bad flags or values: one line, as for a bad recipe (click would draw a box)
+        if not _is(e, "UsageError"):
+            raise
+        ctx = getattr(e, "ctx", None)
+        cmd = ctx.command_path if ctx is not None else "dpx"
+        msg = e.format_message().replace("Value error, ", "")
+        err.print(f"error: {escape(cmd)}: {escape(msg)} (see `{escape(cmd)} --help`)",
+                  highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except BaseException as e:
+        if _is(e, "Abort"):  # Ctrl-C at a prompt
+            sys.exit(130)
+        raise
+    sys.exit(rc if isinstance(rc, int) else 0)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from . import worker
 from .backends import Launch, Outcome, make_backend
+from .repair import file_id
 from .state import StateStore, pid_alive
 from .workspace import Workspace
 
@@ -89,6 +90,8 @@ def settle(store: StateStore, row, out: Outcome, reason: str, max_retries: int, 
         status = "preempted"
     elif err and err.get("attempt") == attempt:
         error = err.get("error") or "failed"
+    elif not run_dir.is_dir():  # deleted under the running trial: say so, not "exited with code 1"
+        error = f"its run dir {run_dir} was deleted while the trial ran (no result could be written)"
     elif reason == "lost":
         error = f"worker lost: {out.detail or 'no result written'}"
     else:
@@ -124,6 +127,7 @@ class Driver:
         self.ws = ws
         self.sub_id = submission_id
         self.store = StateStore(ws.state_db)
+        self.store_file = file_id(ws.state_db)
         sub = self.store.submission(submission_id)
         if sub is None:
             raise SystemExit(f"no submission {submission_id}")
@@ -164,6 +168,10 @@ class Driver:
             self._mlflow(close_orphan_parents, self.store, self.tracker, self.recipe, self.sub_id, True)
             self.forwarder = Forwarder(self.tracker, self.ws.state_db, self.recipe, self.exp_id, self.parent_id)
             self.forwarder.start()
+            from .results import unforwarded_of_dead_drivers  # what a killed driver left half-logged
+
+            for tid in unforwarded_of_dead_drivers(self.store, self.recipe, self.sub_id):
+                self.forwarder.put("final", tid)
         except Exception as e:  # noqa: BLE001
             print(f"[driver] MLflow unavailable, run dirs only (dpx sync later): {e}", flush=True)
             self.tracker = self.forwarder = None
@@ -179,14 +187,17 @@ class Driver:
 
     # ---- main loop --------------------------------------------------------------------------------------------
     def run(self) -> None:
-        self.store.update_submission(self.sub_id, state="running", driver_pid=os.getpid(),
-                                     driver_host=socket.gethostname(), heartbeat=time.time())
+        # compare-and-set: a `dpx cancel` that came before this driver got here stays `cancelling` (issue 16)
+        self.store.update_submission(self.sub_id, expect_state=("starting",), state="running")
+        self.store.update_submission(self.sub_id, driver_pid=os.getpid(), driver_host=socket.gethostname(),
+                                     heartbeat=time.time())
         self._setup_tracking()
         beat = 0.0
         final_state = "done"
         while True:
             now = time.time()
             if now - beat > HEARTBEAT_S:
+                self._check_store()
                 sub = self.store.submission(self.sub_id)
                 if sub["state"] == "cancelling":
                     self._cancel_all()
@@ -233,10 +244,20 @@ class Driver:
             self._refresh_queue()
         return bool(self.queue)
 
+    def _check_store(self) -> None:
+        """state.db deleted or replaced under us: writing on into a file nobody reads would re-run or lose trials
+        (issue 16), so stop as if killed; the trials run on, the next command rebuilds the store from the run
+        dirs and `dpx submit` adopts them."""
+        if file_id(self.ws.state_db) != self.store_file:
+            print(f"[driver] {self.ws.state_db} was deleted or replaced while this driver ran; stopping as if "
+                  "killed (its trials run on; `dpx submit` adopts them)", flush=True)
+            os._exit(3)
+
     def _start_more(self) -> bool:
         started = False
         if self.backend.capacity() <= 0:
             return False
+        self._check_store()  # before claiming: a claim made into a deleted store would run the trial twice
         if not self.queue or time.time() - self.queue_at > HEARTBEAT_S:
             self._refresh_queue()  # picks up trials requeued by retries, preemption or `rerun`
         while self.queue and self.backend.capacity() > 0:
@@ -409,12 +430,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--submission", required=True)
     a = ap.parse_args(argv)
     ws = Workspace.resolve(a.workspace)
+    from .turns import cancel_waiting, finish_if_nothing_left, wait_turn  # one driver per recipe (turns.py)
+
+    if not wait_turn(StateStore(ws.state_db), a.submission):
+        cancel_waiting(StateStore(ws.state_db), a.submission)
+        return 0
+    if finish_if_nothing_left(StateStore(ws.state_db), a.submission):  # the earlier driver ran them all
+        print(f"[driver] {a.submission}: every trial was run by the recipe's earlier driver; nothing left", flush=True)
+        return 0
     d = Driver(ws, a.submission)
     try:
         d.run()
-    except Exception:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001
         traceback.print_exc()
-        d.store.update_submission(a.submission, state="crashed", ended_at=time.time())
+        print(f"[driver] crashed: {type(e).__name__}: {' '.join(str(e).split())[:300]}", flush=True)
+        try:
+            d.store.update_submission(a.submission, state="crashed", ended_at=time.time())
+        except Exception as e2:  # noqa: BLE001 — a full disk: `dpx status` still sees the driver is dead
+            print(f"[driver] could not record the crash either: {e2}", flush=True)
         return 1
     return 0
 

@@ -59,6 +59,10 @@ def run_trial(run_dir: Path, attempt: int = 1) -> int:
     print(f"[dpx] trial {base['trial_id']} attempt {attempt} on {base['host']} (task {config['task']['name']})",
           flush=True)
     try:
+        if config["task"]["name"] not in TASKS:  # a task a user package adds through an entry point
+            from dpx.orchestrator.plugins import load as load_plugins
+
+            load_plugins()
         spec = TASKS[config["task"]["name"]]
         metrics = spec.run_fn()(config, ctx) or {}
         bad = [k for k, v in metrics.items() if isinstance(v, (int, float)) and not math.isfinite(float(v))]

@@ -17,7 +17,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from .repair import adopt_finished
+
 STATUSES = ("pending", "running", "completed", "failed", "cancelled")
+# new status -> the states it may come from (set_trial's compare-and-set when no expect_status is given)
+TRANSITIONS = {
+    "running": ("pending",),
+    "completed": ("running",),
+    "failed": ("running", "pending"),
+    "cancelled": ("running", "pending"),
+    "pending": ("running", "failed", "cancelled"),
+}
 SCHEMA_VERSION = 1
 
 SCHEMA = """
@@ -79,7 +89,10 @@ class StateStore:
             yield self.conn
             self.conn.execute("COMMIT")
         except BaseException:
-            self.conn.execute("ROLLBACK")
+            try:  # a failed COMMIT (disk full) may have ended the transaction already: the ROLLBACK's own error
+                self.conn.execute("ROLLBACK")  # ("cannot rollback - no transaction is active") must not hide it
+            except sqlite3.Error:
+                pass
             raise
 
     def q(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
@@ -110,6 +123,7 @@ class StateStore:
                      now, now, now))
                 counts["new" if cur.rowcount else "existing"] += 1
                 if cur.rowcount:
+                    adopt_finished(c, recipe, t.trial_id, run_dir_of(t))  # its run dir says completed: never rerun
                     c.execute("INSERT INTO events (time, recipe, trial_id, kind, detail) VALUES (?,?,?,?,?)",
                               (now, recipe, t.trial_id, "created", sub_id))
                 c.execute("INSERT OR IGNORE INTO submission_trials VALUES (?,?,?,?)", (sub_id, recipe, t.trial_id, seq))
@@ -119,10 +133,16 @@ class StateStore:
         rows = self.q("SELECT * FROM submissions WHERE id = ?", (sub_id,))
         return rows[0] if rows else None
 
-    def update_submission(self, sub_id: str, **fields: Any) -> None:
+    def update_submission(self, sub_id: str, expect_state: tuple[str, ...] | None = None, **fields: Any) -> bool:
+        """Update a submission; with `expect_state`, only while its state is one of those (compare-and-set in one
+        transaction: a driver starting up cannot overwrite `cancelling` with `running`). True when written."""
         sets = ", ".join(f"{k} = ?" for k in fields)
+        sql, args = f"UPDATE submissions SET {sets} WHERE id = ?", [*fields.values(), sub_id]
+        if expect_state:
+            sql += f" AND state IN ({','.join('?' for _ in expect_state)})"
+            args += list(expect_state)
         with self.tx() as c:
-            c.execute(f"UPDATE submissions SET {sets} WHERE id = ?", (*fields.values(), sub_id))
+            return c.execute(sql, tuple(args)).rowcount > 0
 
     def submissions(self, recipe: str | None = None) -> list[sqlite3.Row]:
         if recipe:
@@ -173,7 +193,9 @@ class StateStore:
             return c.execute("SELECT * FROM trials WHERE recipe = ? AND trial_id = ?", (recipe, trial_id)).fetchone()
 
     def set_trial(self, recipe: str, trial_id: str, expect_status: str | None = None, **fields: Any) -> bool:
-        """Update fields of a trial (optionally only if it is in `expect_status`); logs status changes."""
+        """Update fields of a trial; logs status changes. A status change is always a compare-and-set in one
+        transaction: only from `expect_status` when given, else only from a state that may lead to the new one
+        (TRANSITIONS), so a late writer can never overwrite a cancel or a completion. False when not written."""
         fields["updated_at"] = time.time()
         sets = ", ".join(f"{k} = ?" for k in fields)
         sql = f"UPDATE trials SET {sets} WHERE recipe = ? AND trial_id = ?"
@@ -181,6 +203,10 @@ class StateStore:
         if expect_status:
             sql += " AND status = ?"
             args.append(expect_status)
+        elif "status" in fields:
+            prev = TRANSITIONS[fields["status"]]
+            sql += f" AND status IN ({','.join('?' for _ in prev)})"
+            args += list(prev)
         with self.tx() as c:
             ok = c.execute(sql, tuple(args)).rowcount > 0
             if ok and "status" in fields:

@@ -21,6 +21,47 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
 
 MAX_PARAM_LEN = 6000
+# The MLflow UI opens an experiment without this tag as a GenAI one (traces, "Detect Issues", an assistant); dpx
+# trains models, so every experiment it makes or uses says so.
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+STALE_TAGS = ("dpx.error",)  # a new attempt or a completed trial must not keep a previous attempt's error
+
+# how a grid axis is written in a child run's name: `n_h=2 β∈[0,2] seed=0` (the paper's notation)
+AXIS_LABELS = {"model.num_householder": "n_h", "model.num_layers": "layers", "model.num_heads": "heads",
+               "model.head_dim": "head_dim", "model.hidden_size": "d", "task.group": "", "task.language": "",
+               "task.train_len": "train_len", "train.lr": "lr"}
+
+
+def ui_url(base: str, experiment_id: str | None = None) -> str:
+    """An MLflow UI address that opens in its model-training view. MLflow 3.17's UI picks GenAI or model training
+    from a `workflowType` URL parameter, else from the browser's last choice (GenAI on a fresh browser), whatever
+    the experiment's kind tag says; the links dpx prints carry the parameter."""
+    path = f"#/experiments/{experiment_id}" if experiment_id else "#/experiments"
+    return f"{base.rstrip('/')}/{path}?workflowType=machine_learning"
+
+
+def run_label(point: dict | str | None, trial_id: str) -> str:
+    """A trial's MLflow run name from its grid point: `n_h=2 β∈[0,2] seed=0`; the trial id when it has none."""
+    if isinstance(point, str):
+        try:
+            point = json.loads(point)
+        except ValueError:
+            point = None
+    if not isinstance(point, dict) or not point:
+        return trial_id
+    parts, seed = [], None
+    for k, v in point.items():
+        if k == "seed":
+            seed = v
+        elif k == "model.allow_neg_eigval":
+            parts.append("β∈[0,2]" if v else "β∈[0,1]")
+        else:
+            label = AXIS_LABELS.get(k, k.rsplit(".", 1)[-1])
+            val = f"{v:g}" if isinstance(v, float) else json.dumps(v) if isinstance(v, (list, dict)) else str(v)
+            parts.append(f"{label}={val}" if label else val)
+    if seed is not None:
+        parts.append(f"seed={seed}")
+    return " ".join(parts) or trial_id
 
 
 def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
@@ -52,23 +93,59 @@ class Tracker:
     def experiment(self, name: str) -> str:
         exp = self.client.get_experiment_by_name(name)
         if exp is not None:
+            if exp.tags.get(EXPERIMENT_KIND[0]) != EXPERIMENT_KIND[1]:  # made by an older dpx: say what it is
+                self.client.set_experiment_tag(exp.experiment_id, *EXPERIMENT_KIND)
             return exp.experiment_id
         loc = None
         if self.artifact_root is not None and self.uri.startswith("sqlite:"):
             loc = (Path(self.artifact_root) / name).absolute().as_uri()
         try:
-            return self.client.create_experiment(name, artifact_location=loc)
+            return self.client.create_experiment(name, artifact_location=loc, tags=dict([EXPERIMENT_KIND]))
         except Exception:  # noqa: BLE001 — created concurrently by another CLI: use theirs
             exp = self.client.get_experiment_by_name(name)
             if exp is None:
                 raise
             return exp.experiment_id
 
+    def describe(self, experiment_id: str, file: str | None) -> None:
+        """The recipe's `description:` (and its file) as the experiment's description (MLflow's note)."""
+        if not file:
+            return
+        try:
+            from .load import read_recipe
+
+            desc = str(read_recipe(file).get("description") or "").strip()
+        except Exception:  # noqa: BLE001 — the file moved or broke since the submission: keep the old note
+            return
+        text = (desc + "\n\n" if desc else "") + f"Recipe: `{file}` (dpx)"
+        exp = self.client.get_experiment(experiment_id)
+        if exp.tags.get("mlflow.note.content") != text:
+            self.client.set_experiment_tag(experiment_id, "mlflow.note.content", text)
+
     def parent_run(self, experiment_id: str, submission_id: str, recipe: str, file: str, n_trials: int) -> str:
+        try:
+            self.describe(experiment_id, file)
+        except Exception as e:  # noqa: BLE001 — a description is a nicety
+            print(f"[driver] MLflow experiment description not set: {e}", flush=True)
         run = self.client.create_run(experiment_id, run_name=f"{recipe}/{submission_id}", tags={
             "dpx.kind": "submission", "dpx.recipe": recipe, "dpx.submission": submission_id,
             "dpx.recipe_file": file, "dpx.n_trials": str(n_trials)})
         return run.info.run_id
+
+    def restart(self, run_id: str, parent_run_id: str | None) -> None:
+        """A new attempt (retry, rerun, requeue) continues the trial's run: RUNNING again, under the parent run of
+        the submission that runs it now, without the previous attempt's error."""
+        self.client.update_run(run_id, "RUNNING")
+        if parent_run_id:
+            self.client.set_tag(run_id, "mlflow.parentRunId", parent_run_id)
+        self.client.set_tag(run_id, "dpx.status", "running")
+        self._clear(run_id, STALE_TAGS)
+
+    def _clear(self, run_id: str, keys) -> None:
+        tags = self.client.get_run(run_id).data.tags
+        for k in keys:
+            if k in tags:
+                self.client.delete_tag(run_id, k)
 
     def sync_trial(self, experiment_id: str, parent_run_id: str | None, row: dict, final: bool,
                    find_existing: bool = False) -> tuple[str, int]:
@@ -89,13 +166,15 @@ class Tracker:
                 run_id, offset = found[0].info.run_id, 0
                 config = json.loads(row["config"]) if isinstance(row["config"], str) else row["config"]
                 params = [Param(k, v) for k, v in trial_params(config).items()]  # the same values: accepted again
+        created = not run_id  # else: a run from an earlier attempt or a killed driver
         if not run_id:
             tags = {"dpx.kind": "trial", "dpx.recipe": row["recipe"], "dpx.trial_id": row["trial_id"],
                     "dpx.run_dir": str(run_dir)}
             if parent_run_id:
                 tags["mlflow.parentRunId"] = parent_run_id
             start = int(1000 * (row.get("started_at") or 0)) or None
-            run_id = self.client.create_run(experiment_id, start_time=start, run_name=row["trial_id"],
+            run_id = self.client.create_run(experiment_id, start_time=start,
+                                            run_name=run_label(row.get("point"), row["trial_id"]),
                                             tags=tags).info.run_id
             config = json.loads(row["config"]) if isinstance(row["config"], str) else row["config"]
             params = [Param(k, v) for k, v in trial_params(config).items()]
@@ -107,8 +186,10 @@ class Tracker:
                 ts = int(float(res.get("ended_at") or 0) * 1000)
                 metrics += [Metric(f"final/{k}", float(v), ts, 0) for k, v in (res.get("metrics") or {}).items()
                             if isinstance(v, (int, float)) and not isinstance(v, bool)]
-            if row.get("error"):
+            if row.get("error") and row["status"] != "completed":
                 tags_.append(RunTag("dpx.error", str(row["error"])[:5000]))
+            elif not created:
+                self._clear(run_id, STALE_TAGS)  # e.g. `cancelled by user` of an attempt a rerun completed
             tags_.append(RunTag("dpx.status", row["status"]))
         while params or metrics or tags_:  # MLflow takes ≤100 params and ≤1000 entries per batch
             p, params = params[:100], params[100:]
@@ -184,10 +265,10 @@ class Forwarder(threading.Thread):
             if not rows:
                 continue
             row = dict(rows[0])
-            if kind == "restart":  # a new attempt continues the trial's MLflow run
+            if kind == "restart":  # a new attempt continues the trial's MLflow run, under this driver's parent
                 if row["mlflow_run_id"]:
                     try:
-                        self.tracker.client.update_run(row["mlflow_run_id"], "RUNNING")
+                        self.tracker.restart(row["mlflow_run_id"], self.parent_id)
                     except Exception as e:  # noqa: BLE001
                         print(f"[driver] MLflow update of {tid} failed: {e}", flush=True)
                 continue

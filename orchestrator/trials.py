@@ -259,11 +259,17 @@ def _fmt_point(point: dict) -> str:
 
 
 def _task_needs_model(name: str | None) -> bool:
-    return name not in ("debug",)
+    from .plugins import NO_MODEL
+
+    return name not in ("debug",) and name not in NO_MODEL
 
 
 def _task_cls(name: Any, file: str) -> type:
     from dpx.tasks import TASKS
+
+    from .plugins import load as load_plugins
+
+    load_plugins()  # tasks other packages add through the `dpx.tasks` entry-point group
 
     if not name:
         raise RecipeError(f"missing; known tasks: {', '.join(sorted(TASKS))}", file, "task.name")

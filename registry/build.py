@@ -9,6 +9,7 @@ in the `ingest_warnings` table; the trial's good parts and all other trials are 
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -25,7 +26,7 @@ from . import reference, views
 from .rundir import RunDirData, read_run_dir
 
 SECTIONS = ("model", "task", "train", "eval", "hardware")
-SCHEMA_VERSION = 4  # bump when tables or views change; is_current() tells callers to rebuild
+SCHEMA_VERSION = 5  # bump when tables or views change; is_current() tells callers to rebuild
 
 # Fixed columns of `trials` (name, SQL type). Flattened config columns (`model__num_householder`, ...) follow.
 TRIAL_COLUMNS: list[tuple[str, str]] = [
@@ -53,7 +54,10 @@ def flatten_config(cfg: dict) -> dict[str, Any]:
             for k, vv in v.items():
                 walk(f"{prefix}__{_safe(str(k))}", vv)
         else:
-            out[prefix] = v
+            name, i = prefix, 2
+            while name in out:  # `a-b` and `a_b` both map to `a_b`: the second becomes `a_b_2`, not lost
+                name, i = f"{prefix}_{i}", i + 1
+            out[name] = v
 
     for sec in SECTIONS:
         if isinstance(cfg.get(sec), dict):
@@ -61,6 +65,7 @@ def flatten_config(cfg: dict) -> dict[str, Any]:
     return out
 
 
+@functools.lru_cache(maxsize=65536)  # the same few hundred keys in every trial: 50,000 trials call this millions of times
 def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c == "_" else "_" for c in name)
 
@@ -118,8 +123,10 @@ def _insert(con: duckdb.DuckDBPyConnection, table: str, cols: list[tuple[str, st
     data = {}
     for i, (name, typ) in enumerate(cols):
         vals = [r[i] for r in rows]
-        if typ in ("DOUBLE",):
-            # NaN in a float64 array arrives in DuckDB as NULL
+        if typ in ("DOUBLE",) or all(v is None for v in vals):
+            # NaN in a float64 array arrives in DuckDB as NULL. An all-None object array of >= 2,000 rows cannot
+            # be registered at all (DuckDB 1.5's object-column analysis fails on it), so all-NULL columns of any
+            # type are staged this way too; the TRY_CAST below gives the column's type.
             data[f"c{i}"] = np.array([np.nan if v is None else float(v) for v in vals], dtype=np.float64)
         else:
             data[f"c{i}"] = np.array(vals, dtype=object)
@@ -160,18 +167,98 @@ def _load_metrics(con: duckdb.DuckDBPyConnection, tid: str, data: RunDirData) ->
     bad = con.execute("SELECT count(*) FROM raw WHERE key IS NULL").fetchone()[0]
     con.execute("DROP TABLE raw")
     if bad:
-        where = ""
+        _warn_bad_lines(data, bad)
+
+
+METRICS_BATCH_FILES = 2000  # metrics.jsonl files read by one read_json call
+METRICS_BATCH_BYTES = 256 << 20
+
+
+def _load_all_metrics(con: duckdb.DuckDBPyConnection, items: list[tuple[str, RunDirData]]) -> None:
+    """metrics.jsonl of many trials, a batch of files per read_json call (one call per trial made 50,000 trials
+    take minutes). A batch that DuckDB cannot read as a whole (a file vanished or unreadable) is read file by
+    file, so the damage stays a warning on its own trial."""
+    batch: list[tuple[str, RunDirData]] = []
+    size = 0
+    for tid, data in items:
         try:
-            with open(path, "rb") as f:
-                f.seek(max(0, f.seek(0, 2) - 65536))
-                tail = f.read()
-            if not tail.endswith(b"\n"):
-                json.loads(tail.rsplit(b"\n", 1)[-1])
-        except ValueError:
-            where = " (the last line is truncated: the worker was killed mid-write or is still writing)"
+            n = data.metrics_path.stat().st_size
         except OSError:
-            pass
-        data.warnings.append(f"{path}: {bad} unreadable line(s) skipped{where}")
+            n = 0
+        if batch and (len(batch) >= METRICS_BATCH_FILES or size + n > METRICS_BATCH_BYTES):
+            _load_metrics_batch(con, batch)
+            batch, size = [], 0
+        batch.append((tid, data))
+        size += n
+    if batch:
+        _load_metrics_batch(con, batch)
+
+
+def _load_metrics_batch(con: duckdb.DuckDBPyConnection, batch: list[tuple[str, RunDirData]]) -> None:
+    if len(batch) == 1:
+        _load_metrics(con, *batch[0])
+        return
+    paths = [str(d.metrics_path) for _, d in batch]
+    try:
+        con.execute("CREATE OR REPLACE TEMP TABLE raw AS SELECT *, row_number() OVER () AS _rn FROM read_json(?, "
+                    f"format = 'newline_delimited', ignore_errors = true, filename = '_file', columns = {METRIC_COLUMNS})",
+                    [paths])
+    except duckdb.Error:
+        for item in batch:
+            _load_metrics(con, *item)
+        return
+    con.execute("CREATE OR REPLACE TEMP TABLE raw_ids (_file VARCHAR, tid VARCHAR)")
+    _insert(con, "raw_ids", [("_file", "VARCHAR"), ("tid", "VARCHAR")], [(p, tid) for p, (tid, _) in zip(paths, batch)])
+    clean = "CASE WHEN isnan(value) THEN NULL ELSE value END"
+    con.execute(f"INSERT INTO metrics SELECT i.tid, key, CAST(step AS BIGINT), {clean}, time, 'scalar' FROM raw "
+                "JOIN raw_ids i USING (_file) WHERE key IS NOT NULL AND coalesce(kind, 'scalar') <> 'curve' ORDER BY _rn")
+    con.execute(f"INSERT INTO curves SELECT i.tid, key, step, {clean} FROM raw JOIN raw_ids i USING (_file) "
+                "WHERE key IS NOT NULL AND kind = 'curve' ORDER BY _rn")
+    bad = dict(con.execute("SELECT _file, count(*) FROM raw WHERE key IS NULL GROUP BY ALL").fetchall())
+    con.execute("DROP TABLE raw")
+    con.execute("DROP TABLE raw_ids")
+    for p, (_, data) in zip(paths, batch):
+        if bad.get(p):
+            _warn_bad_lines(data, bad[p])
+
+
+def _warn_bad_lines(data: RunDirData, bad: int) -> None:
+    path = data.metrics_path
+    where = ""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - 65536))
+            tail = f.read()
+        if not tail.endswith(b"\n"):
+            json.loads(tail.rsplit(b"\n", 1)[-1])
+    except ValueError:
+        where = " (the last line is truncated: the worker was killed mid-write or is still writing)"
+    except OSError:
+        pass
+    data.warnings.append(f"{path}: {bad} unreadable line(s) skipped{where}")
+
+
+def _dedupe_column_names(flats: list[dict[str, Any]], stats: dict, warn_rows: list) -> None:
+    """DuckDB column names are case-insensitive: `eval.extra: {Foo: 1}` in one trial and `{foo: 2}` in another
+    would make two columns of one name and kill every build. The second spelling (in sorted order) is renamed
+    `<name>_2` (`_3`, ...) in every trial, with a warning; the values stay in `config` as they were."""
+    taken = {n.lower() for n, _ in TRIAL_COLUMNS}
+    rename: dict[str, str] = {}
+    for name in sorted({k for f in flats for k in f}):
+        new, i = name, 2
+        while new.lower() in taken:
+            new, i = f"{name}_{i}", i + 1
+        taken.add(new.lower())
+        if new != name:
+            rename[name] = new
+            msg = (f"config column {name!r} differs only in case from another one (DuckDB names are "
+                   f"case-insensitive); stored as {new!r}")
+            stats["warnings"].append(msg)
+            warn_rows.append((None, msg))
+    if rename:
+        for f in flats:
+            for old in [k for k in f if k in rename]:
+                f[rename[old]] = f.pop(old)
 
 
 def _create_paper_tables(con: duckdb.DuckDBPyConnection) -> None:
@@ -240,26 +327,45 @@ def _trial_row(t: dict, data: RunDirData) -> tuple[dict[str, Any], dict[str, Any
     return row, flatten_config(cfg)
 
 
+def _pick(entries: list[dict]) -> dict:
+    """The state row whose run dir feeds a trial shared by several recipes (same config, same id): a completed
+    one first, else the last listed (the newest)."""
+    done = [e for e in entries if e.get("status") == "completed"]
+    return done[0] if done else entries[-1]
+
+
 def _build(con: duckdb.DuckDBPyConnection, trials: list[dict], stats: dict) -> None:
     _create_paper_tables(con)
-    seen: dict[str, dict] = {}
+    by_id: dict[str, list[dict]] = {}
     for t in trials:
         tid = t.get("trial_id")
         if not tid:
             stats["warnings"].append(f"trial without trial_id skipped: {str(t)[:80]}")
             continue
-        if tid in seen:
-            stats["warnings"].append(f"trial {tid} listed twice; the last entry is kept")
-        seen[tid] = t
+        by_id.setdefault(tid, []).append(t)
+    # membership: a trial id may belong to several recipes (two recipes sharing a config share its id); each
+    # (recipe, trial_id) pair is kept in `trial_recipes`, and the recipe views select through it
+    members: dict[tuple[str, str], dict] = {}
+    seen: dict[str, dict] = {}
+    for tid, entries in by_id.items():
+        for e in entries:
+            cfg = e.get("config") if isinstance(e.get("config"), dict) else {}
+            rec = e.get("recipe") or cfg.get("recipe")
+            key = (str(rec) if rec else "", tid)
+            if key in members:
+                stats["warnings"].append(f"trial {tid} listed twice in recipe {rec}; the last entry is kept")
+            members[key] = e
+        seen[tid] = _pick(entries)
 
     con.execute("CREATE TABLE metrics (trial_id VARCHAR, key VARCHAR, step BIGINT, value DOUBLE, time DOUBLE, "
                 "kind VARCHAR)")
     con.execute("CREATE TABLE curves (trial_id VARCHAR, key VARCHAR, x DOUBLE, y DOUBLE)")
     rows, flats, summary, figures, warn_rows = [], [], [], [], []
+    datas: list[tuple[str, RunDirData]] = []
     for tid, t in seen.items():
-        data = read_run_dir(t.get("run_dir"), expect_result=t.get("status") == "completed")
-        if data.metrics_path is not None:
-            _load_metrics(con, tid, data)
+        datas.append((tid, read_run_dir(t.get("run_dir"), expect_result=t.get("status") == "completed")))
+    _load_all_metrics(con, [(tid, d) for tid, d in datas if d.metrics_path is not None])
+    for (tid, data), t in zip(datas, seen.values()):
         row, flat = _trial_row(t, data)
         rows.append(row)
         flats.append(flat)
@@ -268,6 +374,7 @@ def _build(con: duckdb.DuckDBPyConnection, trials: list[dict], stats: dict) -> N
         figures += [(tid, p.stem, str(p), size) for p, size in data.figures]
         warn_rows += [(tid, w) for w in data.warnings]
         stats["warnings"] += [f"trial {tid}: {w}" for w in data.warnings]
+    _dedupe_column_names(flats, stats, warn_rows)
 
     # trials: fixed columns + the union of flattened config columns, typed by their values across trials.
     flat_names = sorted({k for f in flats for k in f})
@@ -307,18 +414,32 @@ def _build(con: duckdb.DuckDBPyConnection, trials: list[dict], stats: dict) -> N
 
     for name, sql in views.PAPER_VIEWS.items():
         con.execute(f"CREATE VIEW {name} AS {sql()}")
-    recipes = sorted({r["recipe"] for r in rows if r["recipe"]})
+    con.execute("CREATE TABLE trial_recipes (recipe VARCHAR, trial_id VARCHAR, status VARCHAR, run_dir VARCHAR, "
+                "PRIMARY KEY (recipe, trial_id))")
+    _insert(con, "trial_recipes", [("recipe", "VARCHAR"), ("trial_id", "VARCHAR"), ("status", "VARCHAR"),
+                                   ("run_dir", "VARCHAR")],
+            [(rec, tid, e.get("status"), str(e.get("run_dir")) if e.get("run_dir") else None)
+             for (rec, tid), e in members.items() if rec])
+    recipes = sorted({rec for rec, _ in members if rec})
     taken: set[str] = set(views.PAPER_VIEWS)
     con.execute("CREATE TABLE recipes (recipe VARCHAR, view_name VARCHAR, n_trials INTEGER)")
+    index = {r["trial_id"]: (r, f) for r, f in zip(rows, flats)}
+    of_recipe: dict[str, set[str]] = {}
+    for rec, tid in members:
+        if rec:
+            of_recipe.setdefault(rec, set()).add(tid)
+    skeys_of: dict[str, set[str]] = {}
+    for tid, k, _, _ in summary:
+        skeys_of.setdefault(tid, set()).add(k)
     for recipe in recipes:
-        mine = [(r, f) for r, f in zip(rows, flats) if r["recipe"] == recipe]
+        ids = of_recipe[recipe]
+        mine = [index[tid] for tid in ids]
         cfg_cols = sorted({k for _, f in mine for k, v in f.items() if v is not None})
-        ids = {r["trial_id"] for r, _ in mine}
-        skeys = sorted({k for tid, k, _, _ in summary if tid in ids})
+        skeys = sorted({k for tid in ids for k in skeys_of.get(tid, ())})
         view = views.view_name_for_recipe(recipe, taken)
         taken.add(view)
         con.execute(f"CREATE VIEW {views.ident(view)} AS {views.recipe_view(recipe, cfg_cols, skeys)}")
-        con.execute("INSERT INTO recipes VALUES (?, ?, ?)", [recipe, view, len(mine)])
+        con.execute("INSERT INTO recipes VALUES (?, ?, ?)", [recipe, view, len(ids)])
     stats["recipes"] = recipes
     con.execute("CREATE TABLE meta (key VARCHAR, value VARCHAR)")
     con.execute("INSERT INTO meta VALUES ('schema_version', ?), ('built_at', ?), ('trials', ?)",

@@ -3,6 +3,11 @@
 Returns a `Comparison` (header + rows of plain values + notes), ready for a rich table, CSV or the HTML report.
 Tables 2-5 and Fig. 5 have paper numbers: each metric gets three columns, ours / paper / delta (ours - paper, in
 the paper's unit). Figs. 4, 8, 9 have no numbers in the notes: the rows are ours, the notes are the paper's claims.
+Fig. 7 (with Fig. 13) checks the probe's output against the paper's three claims, one row per probed trial.
+
+Every comparison also says where our runs' setting differs from the paper's (`PAPER_SETTINGS`: training length,
+steps, model size, ...): a note "setting differs: ..." per differing key with the values we ran and how many
+trials ran each, and in Fig. 5 the row's status, so a delta of 0 at train length 16 is not read as the paper's 128.
 """
 from __future__ import annotations
 
@@ -26,7 +31,38 @@ TITLES = {
     "fig5": "Fig. 5: what fits the training range: n_h for one layer, layers for n_h = 1",
     "fig8": "Fig. 8: per-position loss inside vs beyond the training context",
     "fig9": "Fig. 9: effective rank per head inside vs beyond the training context",
+    "fig7": "Figs. 7 / 13: did a head learn a rotation (two betas near 2, keys in a 3-D subspace, one head of 12)?",
 }
+
+# The paper's setting per comparison: (label, flattened trials column, paper value). A value may be a dict keyed
+# by another trials column (the size row of an LM table sets its steps). Only columns present are checked.
+_LM_STEPS = {"213M": 36240, "392M": 66758, "805M": 104905}
+PAPER_SETTINGS: dict[str, list[tuple[str, str, Any]]] = {
+    "fig5": [("train length", "task__train_len", 128), ("test length", "task__test_len", 512),
+             ("hidden size", "model__hidden_size", 128), ("heads", "model__num_heads", 12),
+             ("head dim", "model__head_dim", 32), ("batch", "train__batch_size", 2048),
+             ("steps (100 epochs of 2M words)", "train__steps", 97700)],
+    "fig7": [("group", "task__group", "S4"), ("train length", "task__train_len", 128),
+             ("heads", "model__num_heads", 12), ("head dim", "model__head_dim", 32),
+             ("hidden size", "model__hidden_size", 128), ("steps", "train__steps", 97700)],
+    "table2": [("train max length", "task__train_max_len", 40), ("test min length", "task__test_min_len", 40),
+               ("test max length", "task__test_max_len", 256), ("layers", "model__num_layers", 2),
+               ("hidden size", "model__hidden_size", 128), ("heads", "model__num_heads", 4),
+               ("steps", "train__steps", {"language": {"parity": 20000, "mod_arith": 100000,
+                                                       "mod_arith_brackets": 100000}})],
+    "table3": [("context", "task__context_len", 4096), ("tokens per step", "task__tokens_per_step", 524288),
+               ("layers", "model__num_layers", 24), ("steps", "train__steps", {"size_label": _LM_STEPS})],
+    "table5": [("context", "task__context_len", 2048), ("tokens per step", "task__tokens_per_step", 524288),
+               ("layers", "model__num_layers", 24), ("steps", "train__steps", 66758)],
+    "fig4": [("layers", "model__num_layers", 24), ("hidden size (1.3B models)", "model__hidden_size", 2048)],
+    "fig8": [("context", "task__context_len", 4096), ("layers", "model__num_layers", 24),
+             ("hidden size", "model__hidden_size", 1024), ("steps", "train__steps", 66758)],
+    "fig9": [("context", "task__context_len", 4096), ("layers", "model__num_layers", 24),
+             ("hidden size", "model__hidden_size", 1024), ("heads", "model__num_heads", 8),
+             ("steps", "train__steps", 66758)],
+}
+PAPER_SETTINGS["table4"] = PAPER_SETTINGS["table3"]
+DIFFERS = "setting differs"
 
 
 @dataclass
@@ -131,6 +167,7 @@ def _fig5(con, where: str) -> Comparison:
                      r["layers_tried"], r["best_max_len_acc90"], _status(r["n_runs"], r["source"]), r["source"]])
     notes = ["fits = prefix accuracy >= 0.9 at the training length (paper: train 128, test 512, beta [-1,1])"]
     notes += [f"{c['text']} ({c['source']})" for c in reference.load_figures()["fig5"]["claims"]]
+    notes += reference.load_figures()["fig5"].get("differences", [])
     return Comparison("fig5", TITLES["fig5"], header, rows, notes, status_column=len(header) - 2)
 
 
@@ -146,16 +183,153 @@ def _figure(con, name: str, where: str) -> Comparison:
     return Comparison(name, TITLES[name], header, rows, notes)
 
 
+def _columns(con, table: str) -> set[str]:
+    return {r[0] for r in con.execute(f"DESCRIBE {table}").fetchall()}
+
+
+def setting_differences(con, name: str, where: str, trial_filter: str = "TRUE") -> list[tuple[str, str, Any, dict]]:
+    """(label, column, paper value, {our value: trials}) for every PAPER_SETTINGS key where some completed trial
+    of this comparison ran another value."""
+    cols = _columns(con, "trials")
+    out = []
+    for label, col, paper in PAPER_SETTINGS.get(name, []):
+        if col not in cols:
+            continue
+        by = next(iter(paper)) if isinstance(paper, dict) else None
+        if by is not None and by not in cols:
+            continue
+        sel = f"{views.ident(col)} AS v" + (f", {views.ident(by)} AS k" if by else ", NULL AS k")
+        rows = _fetch(con, f"SELECT {sel}, count(*) AS n FROM trials t WHERE {views.DONE} AND ({where}) "
+                           f"AND ({trial_filter}) AND {views.ident(col)} IS NOT NULL GROUP BY ALL")
+        seen: dict = {}
+        want_of = (lambda k: paper[by].get(k)) if by else (lambda k: paper)
+        for r in rows:
+            want = want_of(r["k"])
+            if want is None or r["v"] == want:
+                continue
+            seen[r["v"]] = seen.get(r["v"], 0) + r["n"]
+        if seen:
+            shown = paper if not by else ", ".join(f"{k}: {v}" for k, v in paper[by].items())
+            out.append((label, col, shown, seen))
+    return out
+
+
+def _setting_notes(diffs) -> list[str]:
+    notes = []
+    for label, _, paper, seen in diffs:
+        ours = ", ".join(f"{fmt(v)} ({n} trial{'s' if n != 1 else ''})" for v, n in sorted(seen.items(), key=str))
+        notes.append(f"{DIFFERS}: {label} ours {ours}, paper {paper}; deltas compare unlike settings")
+    return notes
+
+
+# The table-specific filters of the trials a comparison reads (as its view does).
+_LM_TASK = "t.task_name IN ('lm', 'lm_eval')"
+_TRIAL_FILTERS = {"fig5": "t.group_name IS NOT NULL", "fig7": "t.group_name IS NOT NULL",
+                  "table2": "t.language IS NOT NULL", "fig4": "t.task_name = 'throughput'",
+                  "fig8": "t.task_name = 'extrapolation'", "fig9": "t.task_name = 'effective_rank'",
+                  **{k: f"({v}) AND {_LM_TASK}" for k, v in views.LM_FILTERS.items()}}
+
+
+def _fig5_status(con, where: str, rows: list[list], status_col: int) -> None:
+    """Per group: the status says which of train length / test length / steps / width differ from the paper's."""
+    cols = _columns(con, "trials")
+    checks = [(lab, col, val) for lab, col, val in PAPER_SETTINGS["fig5"] if col in cols]
+    if not checks:
+        return
+    for row in rows:
+        if row[status_col]:
+            continue
+        g = str(row[0]).replace("'", "''")
+        diffs = []
+        for lab, col, val in checks:
+            vals = [r["v"] for r in _fetch(con, f"SELECT DISTINCT {views.ident(col)} AS v FROM trials t WHERE "
+                                                f"{views.DONE} AND ({where}) AND t.group_name = '{g}' AND "
+                                                f"{views.ident(col)} IS NOT NULL")]
+            other = sorted((v for v in vals if v != val), key=str)
+            if other:
+                diffs.append(f"{lab.split(' (')[0]} {','.join(fmt(v) for v in other)}≠{val}")
+        if diffs:
+            row[status_col] = f"{DIFFERS}: " + "; ".join(diffs)
+
+
+def _fig7(con, where: str) -> Comparison:
+    """One row per trial that ran the probe (eval.probe): the head that best shows the rotation, its mean beta per
+    Householder step (from the probe's beta curves), its 3-component PCA share, and the count of such heads,
+    each beside the paper's claim (Fig. 7: two betas near 2, three components > 95%; Fig. 13: 1 head of 12)."""
+    spec = reference.load_figures()["fig7"]
+    cols = _columns(con, "trials")
+    heads_col = "model__num_heads" if "model__num_heads" in cols else "NULL"
+    data = _fetch(con, f"""
+        SELECT t.trial_id, t.group_name, t.n_h, coalesce(t.num_layers, 1) AS num_layers, {heads_col} AS heads,
+          s.key, s.value
+        FROM trials t JOIN summary s USING (trial_id)
+        WHERE {views.DONE} AND ({where}) AND s.key LIKE 'probe/%'
+        ORDER BY t.group_name, t.n_h, t.trial_id""")
+    curves = _fetch(con, f"""
+        SELECT c.trial_id, c.key, avg(c.y) FILTER (WHERE c.y <> 0) AS mean
+        FROM curves c JOIN trials t USING (trial_id)
+        WHERE {views.DONE} AND ({where}) AND c.key LIKE 'probe/beta/%' GROUP BY ALL""")
+    beta_steps: dict[tuple[str, str], dict[int, float]] = {}
+    for r in curves:  # probe/beta/l{l}/h{h}/j{j}; zeros are elements never seen (nan_to_num)
+        _, _, lh, hh, jj = r["key"].split("/")
+        beta_steps.setdefault((r["trial_id"], f"{lh}/{hh}"), {})[int(jj[1:])] = r["mean"]
+    per: dict[str, dict] = {}
+    for r in data:
+        d = per.setdefault(r["trial_id"], {"row": r, "heads": {}, "rotation_heads": None})
+        parts = r["key"].split("/")
+        if r["key"] == "probe/rotation_heads":
+            d["rotation_heads"] = int(r["value"])
+        elif len(parts) == 4:
+            d["heads"].setdefault(f"{parts[1]}/{parts[2]}", {})[parts[3]] = r["value"]
+    header = ["trial", "group", "n_h", "layers", "heads", "rotation heads ours", "paper", "best head",
+              "beta per step ours", "paper", "pca3 ours", "paper", "claims met"]
+    rows = []
+    for tid, d in per.items():
+        r = d["row"]
+
+        def score(item):
+            h, v = item
+            return (v.get("beta_mean", 0) > 1.5, v.get("pca3", 0), v.get("beta_mean", 0))
+        best, bv = max(d["heads"].items(), key=score) if d["heads"] else (None, {})
+        steps = beta_steps.get((tid, best), {})
+        betas = [round(steps[j], 3) for j in sorted(steps)]
+        met = []
+        if betas and len(betas) >= 2 and all(b is not None and b > 1.5 for b in betas):
+            met.append("two betas near 2")
+        if bv.get("pca3") is not None and bv["pca3"] >= 0.95:
+            met.append("pca3 > 0.95")
+        if d["rotation_heads"] == 1:
+            met.append("one head")
+        rows.append([tid, r["group_name"], r["n_h"], r["num_layers"], r["heads"], d["rotation_heads"], 1, best,
+                     betas or None, "both ~2", bv.get("pca3"), "> 0.95", ", ".join(met) or "none"])
+    notes = [f"paper: {c['text']} ({c['source']})" for c in spec["claims"]]
+    notes.append(f"paper settings: {spec['settings']}")
+    notes.append("a rotation head: n_h >= 2, mean beta > 1.5 and pca3 >= 0.95 (tasks/word_problems/probe.py); "
+                 "best head = the rotation head with the highest pca3, else the head closest to one")
+    if not rows:
+        notes.insert(0, f"{NO_RUN}: no completed trial ran the probe (eval.probe: true; recipes/fig5 has it on)")
+    notes += _setting_notes(setting_differences(con, "fig7", where, _TRIAL_FILTERS["fig7"] + " AND t.trial_id IN "
+                                                "(SELECT trial_id FROM summary WHERE key = 'probe/rotation_heads')"))
+    return Comparison("fig7", TITLES["fig7"], header, rows, notes)
+
+
 def compare(db_path: str | os.PathLike, name: str, recipe: str | None = None) -> Comparison:
-    """Ours beside the paper's for `name` (table2..table5, fig4, fig5, fig8, fig9), optionally one recipe only."""
+    """Ours beside the paper's for `name` (table2..table5, fig4, fig5, fig7, fig8, fig9), optionally one recipe
+    only. The notes end with the settings where our runs differ from the paper's (PAPER_SETTINGS)."""
     reference.check_name(name)
     where = views.recipe_filter(recipe)
     con = connect(db_path)
     try:
+        if name == "fig7":
+            return _fig7(con, where)
         if name.startswith("table"):
-            return _paper_table(con, name, where)
-        if name == "fig5":
-            return _fig5(con, where)
-        return _figure(con, name, where)
+            c = _paper_table(con, name, where)
+        elif name == "fig5":
+            c = _fig5(con, where)
+            _fig5_status(con, where, c.rows, c.status_column)
+        else:
+            c = _figure(con, name, where)
+        c.notes += _setting_notes(setting_differences(con, name, where, _TRIAL_FILTERS.get(name, "FALSE")))
+        return c
     finally:
         con.close()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import duckdb
 
+from . import keys as K
 from . import plots, views
 from .comparison import Comparison, compare, fmt
 from .db import connect
@@ -23,11 +24,24 @@ ORDER = ("table2", "table3", "table4", "table5", "fig5", "fig4", "fig8", "fig9")
 MAX_TRIAL_FIGURES = 40
 MAX_FIGURE_BYTES = 3_000_000
 
+# A paper figure is shown only when the recipe's trials log what it compares (a state-tracking report has no
+# throughput panel): summary keys or curve-key prefixes per figure. Tables go by their `runs` column.
+FEEDS = {"fig5": ((K.MAX_LEN_ACC90, K.ACC_AT_TRAIN_LEN), (K.CURVE_ACC_AT_POS,)),
+         "fig4": ((K.TOKENS_PER_S,), ()),
+         "fig8": ((K.LOSS_IN_CTX, K.LOSS_BEYOND_CTX), (K.CURVE_LOSS_AT_POS,)),
+         "fig9": ((), (K.CURVE_ERANK + "/",))}
+# paper settings (registry/reference/figures.json) beside the trials' config columns, for "our setting differs"
+SETTING_COLUMNS = {"fig5": {"train_len": "task__train_len", "test_len": "task__test_len", "heads": "model__num_heads",
+                            "head_dim": "model__head_dim", "lr": "train__lr", "beta_range": "beta_range"},
+                   "fig9": {"num_layers": "model__num_layers", "num_heads": "model__num_heads"}}
+
 CSS = """
 body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1500px}
 h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #ccc}
-table{border-collapse:collapse;font-size:12px;margin:8px 0}
-th,td{border:1px solid #ccc;padding:3px 6px;text-align:right}th{background:#f0f0f0}
+.wrap{max-width:100%;overflow-x:auto}
+table{border-collapse:collapse;font-size:12px;margin:8px 0;max-width:100%}
+th,td{border:1px solid #ccc;padding:3px 6px;text-align:right;white-space:normal}td{overflow-wrap:break-word}th{overflow-wrap:anywhere}
+th{background:#f0f0f0;min-width:3em}.differs{font-size:13px;background:#eef4ff;padding:4px 8px;border-left:3px solid #48c}
 td.text{text-align:left}tr.norun td{color:#999}tr.oursonly td{background:#fff8e0}
 .neg{color:#b00}.pos{color:#070}.notes{font-size:12px;color:#444}
 img.plot{max-width:100%;border:1px solid #ddd;margin:6px 0}
@@ -72,8 +86,8 @@ def _table(cmp: Comparison, ident: str) -> str:
     sources = sorted({r[src] for r in cmp.rows if r[src]}) if src is not None else []
     notes = "".join(f"<li>{e(n)}</li>" for n in cmp.notes)
     notes += "".join(f"<li>paper source: {e(s)}</li>" for s in sources)
-    return (f'<h3>{e(cmp.title)}</h3><table class="comparison" id="{e(ident)}"><thead><tr>{head}</tr></thead>'
-            f'<tbody>{"".join(body)}</tbody></table><ul class="notes">{notes}</ul>')
+    return (f'<h3>{e(cmp.title)}</h3><div class="wrap"><table class="comparison" id="{e(ident)}"><thead><tr>{head}'
+            f'</tr></thead><tbody>{"".join(body)}</tbody></table></div><ul class="notes">{notes}</ul>')
 
 
 def _plain_table(cols: list[str], rows: list[tuple], ident: str) -> str:
@@ -81,7 +95,7 @@ def _plain_table(cols: list[str], rows: list[tuple], ident: str) -> str:
     head = "".join(f"<th>{e(c)}</th>" for c in cols)
     body = "".join("<tr>" + "".join(f'<td class="{"text" if isinstance(v, str) or v is None else ""}">'
                                     f"{e(fmt(v))}</td>" for v in r) + "</tr>" for r in rows)
-    return f'<table id="{e(ident)}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+    return f'<div class="wrap"><table id="{e(ident)}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
 def _fetch(con, sql: str, params: list) -> tuple[list[str], list[tuple]]:
@@ -89,15 +103,65 @@ def _fetch(con, sql: str, params: list) -> tuple[list[str], list[tuple]]:
     return [d[0] for d in cur.description], cur.fetchall()
 
 
+def _feeds(con, recipe: str) -> set[str]:
+    """The paper figures this recipe's completed trials log data for."""
+    _, sk = _fetch(con, "SELECT DISTINCT s.key FROM summary s JOIN trials t USING (trial_id) WHERE t.recipe = ? "
+                        "AND t.status = 'completed'", [recipe])
+    _, ck = _fetch(con, "SELECT DISTINCT c.key FROM curves c JOIN trials t USING (trial_id) WHERE t.recipe = ? "
+                        "AND t.status = 'completed'", [recipe])
+    skeys, ckeys = {r[0] for r in sk}, {r[0] for r in ck}
+    return {name for name, (sums, curves) in FEEDS.items()
+            if skeys & set(sums) or any(k == c or k.startswith(c) for k in ckeys for c in curves)}
+
+
+def _differs(con, recipe: str, name: str) -> str:
+    """`<p class="differs">` naming the settings where this recipe's trials differ from the paper's figure."""
+    import json as _json
+
+    cols = {r[0] for r in _fetch(con, "SELECT column_name FROM information_schema.columns WHERE table_name = "
+                                      "'trials'", [])[1]}
+    try:
+        _, rows = _fetch(con, "SELECT key, value FROM paper_settings WHERE figure = ?", [name])
+    except duckdb.CatalogException:
+        return ""
+    out = []
+    for key, value in rows:
+        col = SETTING_COLUMNS.get(name, {}).get(key)
+        if col is None or col not in cols:
+            continue
+        paper = _json.loads(value) if isinstance(value, str) else value
+        _, ours = _fetch(con, f"SELECT DISTINCT {views.ident(col)} FROM trials WHERE recipe = ? AND status = "
+                              f"'completed' AND {views.ident(col)} IS NOT NULL ORDER BY 1", [recipe])
+        ours = [r[0] for r in ours]
+        if ours and any(str(o) != str(paper) and not _same_number(o, paper) for o in ours):
+            shown = ", ".join(_setting(key, o) for o in ours)
+            out.append(f"{key} {shown} (paper: {_setting(key, paper)})")
+    if not out:
+        return ""
+    return (f'<p class="differs" id="differs-{html.escape(name)}">Our setting differs from the paper\'s: '
+            f'{html.escape("; ".join(out))}.</p>')
+
+
+def _same_number(a, b) -> bool:
+    try:
+        return float(a) == float(b)
+    except (TypeError, ValueError):
+        return False
+
+
+def _setting(key: str, v) -> str:
+    return plots.beta_label(str(v)) if key == "beta_range" else fmt(v)
+
+
 def report(db_path: str | os.PathLike, recipe: str, out_html: str | os.PathLike) -> Path:
     e = html.escape
     con = connect(db_path)
     try:
-        _, counts = _fetch(con, "SELECT status, count(*) FROM trials WHERE recipe = ? GROUP BY ALL ORDER BY 1",
+        _, counts = _fetch(con, "SELECT status, count(*) FROM trials WHERE trial_id IN (SELECT trial_id FROM trial_recipes WHERE recipe = ?) GROUP BY ALL ORDER BY 1",
                            [recipe])
         counts = dict(counts)
         if not counts:
-            _, known = _fetch(con, "SELECT DISTINCT recipe FROM trials ORDER BY 1", [])
+            _, known = _fetch(con, "SELECT DISTINCT recipe FROM trial_recipes ORDER BY 1", [])
             raise NothingToReport(f"recipe {recipe!r} has no trials in {db_path}; recipes there: "
                                   f"{', '.join(str(k[0]) for k in known) or 'none'}")
         if not counts.get("completed"):
@@ -111,14 +175,16 @@ def report(db_path: str | os.PathLike, recipe: str, out_html: str | os.PathLike)
         drop = {"size_label", "language", "dataset", "group_name", "host", "error", "beta_range"}
         keep = [i for i, c in enumerate(tcols) if "__" not in c and not (c in drop and all(r[i] is None for r in trows))]
         tcols, trows = [tcols[i] for i in keep], [tuple(r[i] for i in keep) for r in trows]
-        fcols, frows = _fetch(con, "SELECT trial_id, attempts, error, run_dir FROM trials WHERE recipe = ? AND "
+        fcols, frows = _fetch(con, "SELECT trial_id, attempts, error, run_dir FROM trials WHERE trial_id IN (SELECT trial_id FROM trial_recipes WHERE recipe = ?) AND "
                                    "status = 'failed' ORDER BY trial_id", [recipe])
         _, warns = _fetch(con, "SELECT w.trial_id, w.message FROM ingest_warnings w JOIN trials t USING (trial_id) "
-                               "WHERE t.recipe = ? ORDER BY 1", [recipe])
+                               "WHERE t.trial_id IN (SELECT trial_id FROM trial_recipes WHERE recipe = ?) ORDER BY 1", [recipe])
         _, figs = _fetch(con, "SELECT f.trial_id, f.name, f.path, f.bytes, t.model_label FROM figures f "
-                              "JOIN trials t USING (trial_id) WHERE t.recipe = ? AND t.status = 'completed' "
+                              "JOIN trials t USING (trial_id) WHERE t.trial_id IN (SELECT trial_id FROM trial_recipes WHERE recipe = ?) AND t.status = 'completed' "
                               "ORDER BY f.trial_id, f.name", [recipe])
         _, built = _fetch(con, "SELECT value FROM meta WHERE key = 'built_at'", [])
+        feeds = _feeds(con, recipe)
+        differs = {name: _differs(con, recipe, name) for name in SETTING_COLUMNS}
     finally:
         con.close()
 
@@ -133,8 +199,8 @@ def report(db_path: str | os.PathLike, recipe: str, out_html: str | os.PathLike)
         cmp = compare(db_path, name, recipe)
         runs = cmp.columns.index("runs") if "runs" in cmp.columns else None
         has = any(r[runs] for r in cmp.rows) if runs is not None else bool(cmp.rows)
-        if has:
-            parts.append(_table(cmp, f"cmp-{name}"))
+        if has and (name not in FEEDS or name in feeds):
+            parts.append(_table(cmp, f"cmp-{name}") + differs.get(name, ""))
             shown += 1
     if not shown:
         parts.append("<p>No trial of this recipe logged a metric that a paper table uses "

@@ -73,6 +73,32 @@ def _mean_curve(items: list[dict]) -> tuple[np.ndarray, np.ndarray]:
         return xs, np.nanmean(np.asarray(stack, float), axis=0) if len(stack) > 1 else np.asarray(stack[0], float)
 
 
+LEGEND = 9  # legend font size: legible in the report at its 1400-px width
+
+
+def beta_label(beta_range: str | None) -> str:
+    """The paper writes the setting as β's range: eigenvalues [-1,1] is β ∈ [0,2], [0,1] is β ∈ [0,1]."""
+    return {"[-1,1]": "β∈[0,2]", "[0,1]": "β∈[0,1]"}.get((beta_range or "").replace(" ", ""), beta_range or "")
+
+
+def seed_lines(ax, items: list[dict], label: str, lw: float = 1.6) -> None:
+    """One setting on `ax`: with several seeds, every seed as a thin line and their mean ± one standard deviation
+    as a band (a mean alone hides that one seed learned and the other did not); with one seed, its curve."""
+    x, y = _mean_curve(items)
+    if len(items) == 1:
+        ax.plot(x, y, label=label, lw=lw)
+        return
+    (line,) = ax.plot(x, y, label=f"{label} (mean ± sd, {len(items)} seeds)", lw=lw)
+    stack = []
+    for i in items:
+        m = dict(zip(i["xs"], i["ys"]))
+        stack.append([np.nan if m.get(v) is None else m[v] for v in x])
+        ax.plot(x, stack[-1], lw=0.6, alpha=0.45, color=line.get_color())
+    with np.errstate(invalid="ignore"):
+        sd = np.nanstd(np.asarray(stack, float), axis=0)
+    ax.fill_between(x, y - sd, y + sd, alpha=0.18, color=line.get_color(), lw=0)
+
+
 def fig5(db_path, out: Path, recipe: str | None = None) -> Path | None:
     """The paper's layout: top row one layer with n_h varying, bottom row n_h = 1 with depth varying (the
     one-layer n_h = 1 run is in both); other combinations join the top row. Mean over seeds per line."""
@@ -87,8 +113,8 @@ def fig5(db_path, out: Path, recipe: str | None = None) -> Path | None:
     rows = [("more n_h", [d for d in data if id(d) not in deep_ids])]
     if deep:
         rows.append(("more layers", deep + [d for d in data if (d["n_h"] or 1) == 1 and d["num_layers"] == 1]))
-    fig, axes = plt.subplots(len(rows), len(groups), figsize=(4 * len(groups), 3.2 * len(rows)), squeeze=False,
-                             sharey=True)
+    fig, axes = plt.subplots(len(rows), len(groups), figsize=(max(5.5, 4.6 * len(groups)), 3.8 * len(rows)),
+                             squeeze=False, sharey=True)
     for r, (row_name, row_data) in enumerate(rows):
         for ax, g in zip(axes[r], groups):
             lines = defaultdict(list)
@@ -96,15 +122,14 @@ def fig5(db_path, out: Path, recipe: str | None = None) -> Path | None:
                 if d["group_name"] == g:
                     lines[(d["num_layers"], d["n_h"] or 1, d["beta_range"] or "")].append(d)
             for (layers, n_h, br), items in sorted(lines.items()):
-                x, y = _mean_curve(items)
-                ax.plot(x, y, label=f"{layers}L n_h={n_h} {br}".strip(), lw=1.4)
+                seed_lines(ax, items, f"{layers}L n_h={n_h} {beta_label(br)}".strip())
             tl = next((d["train_len"] for d in data if d["group_name"] == g and d["train_len"]), None)
             if tl:
                 ax.axvline(tl, ls="--", c="grey", lw=1)
             ax.set_title(f"{g}: {row_name}", fontsize=10)
             ax.set_ylim(-0.02, 1.02)
             if lines:
-                ax.legend(fontsize=7)
+                ax.legend(fontsize=LEGEND)
         axes[r][0].set_ylabel("prefix accuracy")
     for ax in axes[-1]:
         ax.set_xlabel("position")
@@ -130,13 +155,14 @@ def fig8(db_path, out: Path, recipe: str | None = None) -> Path | None:
             x, y = _mean_curve(items)
             # the paper's 501-token window; a short (CPU-scale) curve gets at most a tenth of its length
             win_used = max(1, min(K.FIG8_MOVING_AVERAGE, len(y) // 10))
-            ax.plot(x, moving_average(y, win_used), label=label, lw=1.4)
+            n = f" (mean of {len(items)} seeds)" if len(items) > 1 else ""
+            ax.plot(x, moving_average(y, win_used), label=f"{label}{n}", lw=1.4)
         tl = next((d["train_len"] for d in data if d["ds"] == ds and d["train_len"]), None)
         if tl:
             ax.axvline(tl, ls=":", c="grey", lw=1)
         ax.set_title(f"{ds or 'loss'} (moving avg {win_used})")
         ax.set_xlabel("position")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=LEGEND)
     axes[0][0].set_ylabel("next-token loss")
     fig.suptitle("Fig. 8: loss vs position (dotted: training context)", y=1.04)
     return _save(fig, out)
@@ -159,14 +185,13 @@ def fig9(db_path, out: Path, recipe: str | None = None) -> Path | None:
             if d["layer"] == layer:
                 heads[d["head"]].append(d)
         for h, items in sorted(heads.items()):
-            x, y = _mean_curve(items)
-            ax.plot(x, y, label=f"head {h}", lw=1.2)
+            seed_lines(ax, items, f"head {h}", lw=1.2)
         tl = next((d["train_len"] for d in mine if d["train_len"]), None)
         if tl:
             ax.axvline(tl, ls="--", c="grey", lw=1)
         ax.set_title(f"{m}, layer {layer}")
         ax.set_xlabel("position")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=LEGEND)
     axes[0][0].set_ylabel("effective rank")
     fig.suptitle("Fig. 9: effective rank of the state per head", y=1.04)
     return _save(fig, out)
@@ -202,7 +227,7 @@ def fig4(db_path, out: Path, recipe: str | None = None) -> Path | None:
         ax.set_xticklabels([f"{s or '?'}x{b or '?'}" for s, b in shapes])
         ax.set_title(mode)
         ax.set_ylabel("tokens/s")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=LEGEND)
     axes[-1][0].set_xlabel("sequence length x batch size")
     fig.suptitle("Fig. 4: training throughput", y=1.02)
     return _save(fig, out)
@@ -272,7 +297,7 @@ def _panels(data: list[dict], out: Path, title: str, xlabel: str) -> Path | None
         ax.set_title(key + (f" ({len(mine) - MAX_LINES} more trials not drawn)" if len(mine) > MAX_LINES else ""),
                      fontsize=9)
         ax.set_xlabel(xlabel)
-        ax.legend(fontsize=6)
+        ax.legend(fontsize=LEGEND - 1)
     fig.suptitle(title, y=1.04)
     return _save(fig, out)
 

@@ -183,19 +183,28 @@ def recipe_view(recipe: str, config_cols: list[str], summary_keys: list[str]) ->
              "group_name, language, dataset, seed, duration_s, host, device, error")
     cfg = "".join(f", t.{ident(c)}" for c in config_cols)
     used = {c.strip().lower() for c in fixed.split(",")} | {c.lower() for c in config_cols}
-    # a summary key that names a column already there (DuckDB names are case-insensitive) gets a summary__ prefix
-    piv = "".join(f",\n  max(s.value) FILTER (WHERE s.key = {lit(k)}) AS "
-                  f"{ident(('summary__' + k) if k.lower() in used else k)}" for k in summary_keys)
+    # a summary key that names a column already there (DuckDB names are case-insensitive) gets a summary__ prefix;
+    # two keys that differ only in case (`Foo`, `foo`) get `_2`, ... so that no name is there twice
+    names = []
+    for k in summary_keys:
+        name = ("summary__" + k) if k.lower() in used else k
+        base, i = name, 2
+        while name.lower() in used:
+            name, i = f"{base}_{i}", i + 1
+        used.add(name.lower())
+        names.append(name)
+    piv = "".join(f",\n  max(s.value) FILTER (WHERE s.key = {lit(k)}) AS {ident(n)}"
+                  for k, n in zip(summary_keys, names))
     fixed_t = ", ".join(f"t.{c.strip()}" for c in fixed.split(","))
     return f"""
 SELECT {fixed_t}{cfg}{piv}
 FROM trials t LEFT JOIN summary s USING (trial_id)
-WHERE t.recipe = {lit(recipe)}
+WHERE t.trial_id IN (SELECT trial_id FROM trial_recipes WHERE recipe = {lit(recipe)})
 GROUP BY ALL ORDER BY t.trial_id"""
 
 
 # name -> SQL generator taking an extra condition on `t` (trials); the stored views use "TRUE" (all recipes),
-# compare/report pass "t.recipe = '...'" to restrict to one recipe.
+# compare/report pass recipe_filter(name) to restrict to one recipe.
 PAPER_VIEWS = {
     "table2": table2, "table3": lambda where="TRUE": lm_table("table3", where),
     "table4": lambda where="TRUE": lm_table("table4", where), "table5": lambda where="TRUE": lm_table("table5", where),
@@ -204,4 +213,5 @@ PAPER_VIEWS = {
 
 
 def recipe_filter(recipe: str | None) -> str:
-    return "TRUE" if recipe is None else f"t.recipe = {lit(recipe)}"
+    # membership, not trials.recipe: a trial shared by several recipes (same config, same id) is in each
+    return "TRUE" if recipe is None else f"t.trial_id IN (SELECT trial_id FROM trial_recipes WHERE recipe = {lit(recipe)})"

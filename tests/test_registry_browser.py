@@ -178,18 +178,29 @@ def test_mlflow_ui_lists_parent_and_child_runs(tmp_path):
     try:
         uri = f"http://127.0.0.1:{port}"
         _wait_http(f"{uri}/health", 240, server)
-        # a submission as the orchestrator logs it: one parent run, one child run per trial
-        client = MlflowClient(uri)
-        exp = client.create_experiment("registry_ui_check")
-        parent = client.create_run(exp, run_name="submission-demo", tags={"dpx.recipe": "demo"})
+        # a submission as the orchestrator logs it (dpx's own Tracker): one parent run, one child run per trial
+        from dpx.orchestrator.tracking import Tracker
+
+        recipe = tmp_path / "demo.yaml"
+        recipe.write_text('name: demo\ndescription: "demo sweep for the UI check"\ntask: {name: debug}\n')
+        tracker = Tracker(uri)
+        exp = tracker.experiment("registry_ui_check")
+        parent_id = tracker.parent_run(exp, "submission-demo", "demo", str(recipe), 3)
         children = []
         for i in range(3):
-            child = client.create_run(exp, run_name=f"trial-{i}-nh{i + 1}",
-                                      tags={"mlflow.parentRunId": parent.info.run_id, "dpx.trial_id": f"t{i}"})
-            client.log_metric(child.info.run_id, "loss", 1.0 / (i + 1), step=0)
-            client.set_terminated(child.info.run_id)
-            children.append(child.info.run_name)
-        client.set_terminated(parent.info.run_id)
+            run_dir = tmp_path / f"t{i}"
+            run_dir.mkdir()
+            (run_dir / "metrics.jsonl").write_text(json.dumps({"key": "loss", "value": 1.0 / (i + 1), "step": 0,
+                                                               "time": time.time(), "kind": "scalar"}) + "\n")
+            point = {"model.num_householder": i + 1, "model.allow_neg_eigval": True, "seed": 0}
+            row = {"recipe": "demo", "trial_id": f"t{i}", "config": {"seed": 0, "task": {"name": "debug"}},
+                   "run_dir": str(run_dir), "status": "completed", "error": None, "point": json.dumps(point),
+                   "mlflow_run_id": None, "mlflow_offset": 0, "started_at": time.time(), "ended_at": time.time()}
+            tracker.sync_trial(exp, parent_id, row, final=True)
+            children.append(f"n_h={i + 1} β∈[0,2] seed=0")
+        tracker.end_parent(parent_id, "FINISHED")
+        client = tracker.client
+        assert client.get_experiment(exp).tags["mlflow.experimentKind"] == "custom_model_development"
 
         prof = tmp_path / "chrome-profile"
         browser = subprocess.Popen([CHROMIUM, *FLAGS, f"--user-data-dir={prof}", "--remote-debugging-port=0",
@@ -205,13 +216,24 @@ def test_mlflow_ui_lists_parent_and_child_runs(tmp_path):
         pages = json.load(urllib.request.urlopen(f"http://127.0.0.1:{dt_port}/json/list"))
         page = DevTools(next(p for p in pages if p["type"] == "page")["webSocketDebuggerUrl"])
         page.call("Page.enable")
-        page.call("Page.navigate", url=f"{uri}/#/experiments/{exp}/runs")
-        page.wait_for("document.body && document.body.innerText.includes('submission-demo')", 90)
+        # the experiment's address as dpx prints it (`dpx ui`): it must open on the runs table (a model training
+        # experiment), not on MLflow 3's GenAI view (traces, "Detect Issues", an assistant), in a fresh browser
+        from dpx.orchestrator.tracking import ui_url
+
+        page.call("Page.navigate", url=ui_url(uri, exp))
         ARTIFACTS.mkdir(exist_ok=True)
+        try:
+            page.wait_for("document.body && document.body.innerText.includes('submission-demo')", 90)
+        except TimeoutError:
+            page.screenshot(ARTIFACTS / "mlflow_experiment_landing.png")
+            raise AssertionError(f"{page.js('location.hash')}: {page.js('document.body.innerText')[:1500]}")
         page.screenshot(ARTIFACTS / "mlflow_runs_collapsed.png")
+        text = page.js("document.body.innerText")
+        assert "Detect Issues" not in text and "Model registry" in text, text[:2000]
+        assert "/runs" in page.js("location.hash") and "genai" not in page.js("location.hash")
         # children are nested under the parent: click the parent's expand button in its run-name cell
         clicked = page.js("""(() => {
-            const link = [...document.querySelectorAll('a')].find(a => a.textContent.trim() === 'submission-demo');
+            const link = [...document.querySelectorAll('a')].find(a => a.textContent.trim() === 'demo/submission-demo');
             const cell = link && link.closest('[role=gridcell]');
             const btn = cell && cell.querySelector('button');
             if (!btn) return false; btn.click(); return true; })()""")
@@ -220,10 +242,12 @@ def test_mlflow_ui_lists_parent_and_child_runs(tmp_path):
         page.wait_for(f"{names}.every(n => document.body.innerText.includes(n))", 60)
         page.screenshot(ARTIFACTS / "mlflow_runs_expanded.png")
         listed = page.js("[...document.querySelectorAll('[role=row]')].map(r => r.innerText).join('\\n')")
-        for name in ["submission-demo", *children]:
+        for name in ["demo/submission-demo", *children]:
             assert name in listed
         # the child rows are nested: they come after the parent row in the grid
-        assert listed.index("submission-demo") < min(listed.index(c) for c in children)
+        assert listed.index("demo/submission-demo") < min(listed.index(c) for c in children)
+        # the recipe's description is the experiment's description
+        page.wait_for("document.body && document.body.innerText.includes('demo sweep for the UI check')", 60)
     finally:
         if browser is not None:
             _stop(browser)

@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..config import ModelConfig
-from ..layers import GatedRMSNorm, ShortConv, rotary
+from ..layers import GatedRMSNorm, RMSNorm, ShortConv, rotary
 from . import core
 from .base import Mixer
 
@@ -51,7 +51,10 @@ class _QKVMixer(Mixer):
 
     def out(self, x, o):
         B, T, _ = x.shape
-        if self.g_proj is not None:  # per-head norm, then swish output gate (RetNet, GLA)
+        if self.g_proj is not None:
+            # per-head RMSNorm, then swish output gate (RetNet, GLA). The RetNet and GLA papers normalise each head
+            # with GroupNorm (mean-centred, a bias); fla's MultiScaleRetention and GatedLinearAttention (the
+            # implementations the DeltaProduct paper's baselines ran) use an RMSNorm per head, and so does dpx
             o = self.o_norm(o, self.g_proj(x).view(B, T, self.H, self.V))
         return self.o_proj(o.reshape(B, T, -1))
 
@@ -116,7 +119,8 @@ class GLA(_QKVMixer):
 
 class Mamba2(Mixer):
     """Mamba-2 / SSD (Dao & Gu 2024), one group: in_proj -> (z, xBC, dt); causal conv + SiLU on xBC;
-    h_t = exp(dt_t A_h) h + (dt_t x_t) B_t^T per head; y = C_t h_t + D x_t; gated RMSNorm with z; out_proj.
+    h_t = exp(dt_t A_h) h + (dt_t x_t) B_t^T per head; y = C_t h_t + D x_t; RMSNorm(y * SiLU(z)) (mamba_ssm's
+    RMSNormGated with norm_before_gate=False, as fla's Mamba2); out_proj.
     Heads: num_heads, each of size expand * hidden_size / num_heads; state size N = state_size."""
 
     def __init__(self, cfg):
@@ -134,7 +138,7 @@ class Mamba2(Mixer):
         self.D = nn.Parameter(torch.ones(H))
         for p in (self.A_log, self.dt_bias, self.D):
             p._no_weight_decay = True
-        self.norm = GatedRMSNorm(self.Di, eps=cfg.norm_eps)
+        self.norm = RMSNorm(self.Di, eps=cfg.norm_eps)
         self.out_proj = nn.Linear(self.Di, d, bias=False)
 
     def _forward(self, x, state, mode):
@@ -151,5 +155,5 @@ class Mamba2(Mixer):
         o, S = run_core(self, mode, q, k, xs * dt[..., None], w, state.get("S"))
         y = o + self.D[:, None] * xs
         self._keep(q=Cm, k=Bm, v=xs, g=w[..., 0])
-        y = self.norm(y.reshape(B, T, Di), z)
+        y = self.norm(y.reshape(B, T, Di) * F.silu(z))  # gate, then normalise (not RMSNorm(y) * SiLU(z))
         return self.out_proj(y), {"S": S, "conv": conv}

@@ -25,6 +25,14 @@ def _lerp_params(n: int, d: int) -> nn.Parameter:
     return nn.Parameter(torch.rand(n, d))  # static token-shift mixing coefficients in [0, 1]
 
 
+def no_weight_decay(*params: nn.Parameter) -> None:
+    """Exclude from AdamW's weight decay (tasks/training/loop.py reads the mark), as RWKV-LM's trainer does for
+    everything but the `.weight` matrices (decays, bonuses, token-shift mixes, the per-channel k/r scales):
+    decaying them pulls a decay rate toward exp(-exp(0)) or a mix toward 0 rather than regularising a weight."""
+    for p in params:
+        p._no_weight_decay = True
+
+
 class RWKV4(Mixer):
 
     def __init__(self, cfg):
@@ -37,6 +45,7 @@ class RWKV4(Mixer):
         self.output = nn.Linear(d, d, bias=False)
         self.time_decay = nn.Parameter(torch.linspace(-5, 1, d))   # w = exp(time_decay) > 0
         self.time_first = nn.Parameter(torch.full((d,), 0.5))      # u
+        no_weight_decay(self.mu, self.time_decay, self.time_first)
 
     def _forward(self, x, state, mode):
         B, T, d = x.shape
@@ -70,6 +79,7 @@ class _RWKVMatrix(Mixer):
         ratio = torch.arange(H * K, dtype=torch.float32) / max(H * K - 1, 1)
         self.w0 = nn.Parameter((-6 + 5 * ratio ** 0.7).view(H, K))  # log(-log w): decays spread over channels
         self.u = nn.Parameter(torch.full((H, K), 0.5))
+        no_weight_decay(self.w0, self.u)
 
     def finish(self, x, xr, xk, xv, xg, w, state, mode, shift):
         B, T, _ = x.shape
@@ -87,6 +97,7 @@ class RWKV5(_RWKVMatrix):
     def __init__(self, cfg):
         super().__init__(cfg)
         self.mu = _lerp_params(4, cfg.hidden_size)  # r, k, v, g
+        no_weight_decay(self.mu)
 
     def _forward(self, x, state, mode):
         B, T, _ = x.shape
@@ -106,6 +117,7 @@ class RWKV6(_RWKVMatrix):
         self.shift_lora_a = nn.Linear(d, 5 * r, bias=False)
         self.shift_lora_b = nn.Parameter(torch.zeros(5, r, d))
         self.decay_lora = nn.Sequential(nn.Linear(d, r, bias=False), nn.Tanh(), nn.Linear(r, self.H * self.K, bias=False))
+        no_weight_decay(self.mu_x, self.mu, self.shift_lora_b)
 
     def _forward(self, x, state, mode):
         B, T, d = x.shape
@@ -131,13 +143,19 @@ class RWKV7(Mixer):
         self.k_proj = nn.Linear(d, H * K, bias=False)
         self.v_proj = nn.Linear(d, H * V, bias=False)
         self.o_proj = nn.Linear(H * V, d, bias=False)
-        self.w_lora = nn.Sequential(nn.Linear(d, r, bias=False), nn.Tanh(), nn.Linear(r, H * K))
+        # the decay bias w0 is a parameter of its own (not the LoRA's Linear bias, which the LM init zeroes):
+        # fla/RWKV-7's decay_speed + 0.5, spread over channels from -6.5 (slow) to -1.5 (fast), with the first
+        # layer's exponent (a mixer does not know its depth; RWKV-7 raises the exponent with the layer index)
+        self.w_lora = nn.Sequential(nn.Linear(d, r, bias=False), nn.Tanh(), nn.Linear(r, H * K, bias=False))
+        n = torch.arange(H * K, dtype=torch.float32) / max(H * K - 1, 1)
+        self.w0 = nn.Parameter(-7 + 5 * n ** 0.85 + 0.5)
         self.a_lora = nn.Sequential(nn.Linear(d, r, bias=False), nn.Linear(r, H * K))
         self.g_lora = nn.Sequential(nn.Linear(d, r, bias=False), nn.Sigmoid(), nn.Linear(r, H * V, bias=False))
         self.k_k = nn.Parameter(torch.full((H, K), 0.85))
         self.k_a = nn.Parameter(torch.ones(H, K))
         self.r_k = nn.Parameter(torch.zeros(H, K))
         self.o_norm = GatedRMSNorm(V, eps=cfg.norm_eps)
+        no_weight_decay(self.mu, self.w0, self.k_k, self.k_a, self.r_k)
 
     def _forward(self, x, state, mode):
         B, T, _ = x.shape
@@ -145,7 +163,7 @@ class RWKV7(Mixer):
         prev, shift = token_shift(x, state.get("shift"))
         xr, xw, xk, xv, xa, xg = (x * m + prev * (1 - m) for m in self.mu)
         r = self.r_proj(xr).view(B, T, H, K)
-        w = -0.606531 * torch.sigmoid(self.w_lora(xw)).view(B, T, H, K)  # log decay in (-e^-0.5, 0)
+        w = -0.606531 * torch.sigmoid(self.w_lora(xw) + self.w0).view(B, T, H, K)  # log decay in (-e^-0.5, 0)
         k = self.k_proj(xk).view(B, T, H, K)
         v = self.v_proj(xv).view(B, T, H, V)
         a = torch.sigmoid(self.a_lora(xa)).view(B, T, H, K)

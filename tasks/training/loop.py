@@ -81,11 +81,19 @@ def to_device(batch: Any, device: torch.device) -> Any:
     return batch
 
 
+def decays(p: torch.Tensor) -> bool:
+    """Whether AdamW's weight decay applies to `p`: matrices decay, vectors (biases, norm gains) do not (nanoGPT's
+    split), and neither does any parameter its layer marks `_no_weight_decay` whatever its rank (Mamba's A_log,
+    RWKV's decays, bonuses and token-shift mixes: mamba_ssm marks A_log and D so, and RWKV-LM's trainer decays
+    only `.weight` matrices, so its decays, bonuses and mixes never decay)."""
+    return p.ndim >= 2 and not getattr(p, "_no_weight_decay", False)
+
+
 def make_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW; matrices decay, vectors (biases, norm gains) do not (nanoGPT's split)."""
+    """AdamW with two groups: `decays(p)` at cfg.weight_decay, the rest at 0."""
     params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay},
-              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    groups = [{"params": [p for p in params if decays(p)], "weight_decay": cfg.weight_decay},
+              {"params": [p for p in params if not decays(p)], "weight_decay": 0.0}]
     extra = {"fused": True} if device.type == "cuda" else {}
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), **extra)
 
