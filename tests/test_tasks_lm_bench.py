@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "lm_throughput.py"
 
@@ -30,7 +31,8 @@ def test_cpu_dry_run_measures_dpx_and_explains_fla(tmp_path):
         assert m["min_s"] <= m["median_s"] <= m["max_s"]
         assert m["tokens_per_s"] == pytest.approx(64 * 4 / m["median_s"])
         assert d["layer"]["ms"] == pytest.approx(1e3 * d["layer"]["median_s"])
-        assert d["dpx_backward"] == ("triton" if n_h == 2 else "triton_fp32")  # the kernels' choice for bf16 inputs
+        from dpx.kernels.delta_product.chunk import backward_path
+        assert d["dpx_backward"] == backward_path(torch.bfloat16, n_h, 32)  # the kernels' choice for bf16 inputs
         f = rows[(v, "fla")]
         if r["fla_error"]:  # fla not installed here: said once, each fla row skipped
             assert f["status"] == "skipped: fla does not import"

@@ -6,10 +6,19 @@ read out once, o_t = S^T q_t / sqrt(K). So the transition is exp(g_t) prod_j (I 
 sigmoid (eigenvalues in [0,1]) or 2*sigmoid (allow_neg_eigval, eigenvalues in [-1,1]). DeltaNet is n_h = 1.
 
 The recurrence itself lives in dpx.kernels (Triton on CUDA, PyTorch chunkwise on CPU, a token loop as oracle).
+
+On CUDA a training/prefill forward takes the fused path (`_forward_fused`): all input projections as one GEMM
+(the weights concatenated per call, so parameters and state_dict keys stay those of the separate projections),
+the short convolutions with SiLU and the q/k L2 norm as one Triton op each (kernels/fused/short_conv.py; without a
+short conv, SiLU + L2 norm as one op), the delta kernel without its own L2 pass, and the output RMSNorm (+ gate) as
+one op (kernels/fused/fused_norm_gate.py). Same function, float32 inside the fused ops instead of the plain path's
+16-bit conv arithmetic. Elsewhere (CPU, decoding, `record`) the plain path runs, unchanged. `fused`: None (default:
+on CUDA unless DPX_FUSED=0), True (force it, e.g. CPU tests; the ops then run `fused_impl`) or False.
 """
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import torch.nn as nn
@@ -22,6 +31,8 @@ from .base import Mixer
 
 
 class DeltaProductMixer(Mixer):
+    fused: bool | None = None
+    fused_impl: str = "auto"  # impl of the fused ops: "auto" (Triton on CUDA, PyTorch forms elsewhere), "triton", "torch"
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)
@@ -73,22 +84,74 @@ class DeltaProductMixer(Mixer):
                 g = g.double()
         return q, k, v, beta, g, caches
 
+    def _use_fused(self, x, state, mode) -> bool:
+        if mode != "chunk" or self.record or x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            return False
+        if any(c is not None and c.requires_grad for c in (state.get(k) for k in ("conv_q", "conv_k", "conv_v"))):
+            return False  # the fused conv does not differentiate its cache
+        if self.fused is not None:
+            return self.fused
+        return x.is_cuda and os.environ.get("DPX_FUSED", "1") != "0"
+
+    def _in_weight(self) -> tuple[torch.Tensor, list[int]]:
+        """All input projections as one [sum(out), d] weight (concatenated per call) and the split sizes."""
+        mods = [self.q_proj, self.k_proj, self.v_proj, self.b_proj]
+        if self.cfg.use_forget_gate:
+            mods.append(self.a_proj)
+        if self.cfg.use_output_gate:
+            mods.append(self.g_proj)
+        return torch.cat([m.weight for m in mods]), [m.out_features for m in mods]
+
+    def _forward_fused(self, x, state):
+        from ...kernels import fused
+        B, T, _ = x.shape
+        H, K, V, n, cfg = self.H, self.K, self.V, self.n, self.cfg
+        impl = self.fused_impl
+        w, sizes = self._in_weight()
+        parts = F.linear(x, w).split(sizes, dim=-1)
+        q, k, v, b = parts[:4]
+        caches = {}
+        if cfg.use_short_conv:
+            q, caches["conv_q"] = fused.causal_conv1d(q, self.q_conv.weight, self.q_conv.bias, state.get("conv_q"),
+                                                      self.q_conv.activation, K, impl=impl)
+            k, caches["conv_k"] = fused.causal_conv1d(k, self.k_conv.weight, self.k_conv.bias, state.get("conv_k"),
+                                                      self.k_conv.activation, K, impl=impl)
+            v, caches["conv_v"] = fused.causal_conv1d(v, self.v_conv.weight, self.v_conv.bias, state.get("conv_v"),
+                                                      self.v_conv.activation, None, impl=impl)
+        else:
+            q, k, v = fused.l2norm(q, K, True, impl=impl), fused.l2norm(k, K, True, impl=impl), F.silu(v)
+        q, k, v = q.reshape(B, T, H, K), k.reshape(B, T * n, H, K), v.reshape(B, T * n, H, V)
+        beta = b.sigmoid().reshape(B, T * n, H)
+        if cfg.allow_neg_eigval:
+            beta = beta * 2
+        g = None
+        if cfg.use_forget_gate:
+            g = -self.A_log.float().exp() * F.softplus(parts[4].float() + self.dt_bias)
+        o, S = self._core(x, q, k, v, beta, g, state.get("S"), "chunk", l2=False)
+        gate = parts[-1] if cfg.use_output_gate else None
+        o = fused.rms_norm_gated(o, self.o_norm.weight, gate, self.o_norm.eps, impl=impl)
+        return self.o_proj(o.reshape(B, T, H * V)), {"S": S, **caches}
+
+    def _core(self, x, q, k, v, beta, g, S0, mode, l2=True):
+        T = q.shape[1]
+        kw = dict(num_householder=self.n, use_qk_l2norm_in_kernel=l2)
+        if mode == "recurrent" and T == 1 and self.cfg.impl != "naive":
+            return kernels.gated_delta_product_step(q, k, v, beta, g, state=S0, impl=self.cfg.impl, **kw)
+        if mode == "recurrent":
+            return kernels.naive_recurrent_gated_delta_product(q, k, v, beta, g, initial_state=S0,
+                                                               output_final_state=True, **kw)
+        if self.cfg.chunk_size is not None and kernels.resolve_impl(self.cfg.impl, x.device) == "torch":
+            return kernels.torch_chunk_gated_delta_product(q, k, v, beta, g, initial_state=S0, output_final_state=True,
+                                                           chunk_size=self.cfg.chunk_size, **kw)
+        return kernels.gated_delta_product(q, k, v, beta, g, initial_state=S0, output_final_state=True,
+                                           impl=self.cfg.impl, **kw)
+
     def _forward(self, x, state, mode):
+        if self._use_fused(x, state, mode):
+            return self._forward_fused(x, state)
         B, T, _ = x.shape
         q, k, v, beta, g, caches = self._inputs(x, state)
-        S0 = state.get("S")
-        kw = dict(num_householder=self.n, use_qk_l2norm_in_kernel=True)
-        if mode == "recurrent" and T == 1 and self.cfg.impl != "naive":
-            o, S = kernels.gated_delta_product_step(q, k, v, beta, g, state=S0, impl=self.cfg.impl, **kw)
-        elif mode == "recurrent":
-            o, S = kernels.naive_recurrent_gated_delta_product(q, k, v, beta, g, initial_state=S0,
-                                                                output_final_state=True, **kw)
-        elif self.cfg.chunk_size is not None and kernels.resolve_impl(self.cfg.impl, x.device) == "torch":
-            o, S = kernels.torch_chunk_gated_delta_product(q, k, v, beta, g, initial_state=S0, output_final_state=True,
-                                                           chunk_size=self.cfg.chunk_size, **kw)
-        else:
-            o, S = kernels.gated_delta_product(q, k, v, beta, g, initial_state=S0, output_final_state=True,
-                                               impl=self.cfg.impl, **kw)
+        o, S = self._core(x, q, k, v, beta, g, state.get("S"), mode)
         if self.record:
             n, H = self.n, self.H
             kn = kernels.delta_product.naive.l2norm(k.float() if k.dtype != torch.float64 else k)

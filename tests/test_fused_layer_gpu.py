@@ -1,0 +1,90 @@
+"""benchmarks/layer_gpu.py on the CPU (tiny shape): the measurement rows, the JSON the GPU run will write
+(`shape`, `variant`, `dpx_over_fla`), fla's absence explained, and the fla autotune pruning."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "layer_gpu.py"
+
+
+def test_cpu_dry_run_rows(tmp_path):
+    p = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--device", "cpu", "--parts", "measure",
+                        "--plan", "tiny:2,tiny:g1", "--warmup", "1", "--steps", "1", "--layer-iters", "1"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    r = json.loads((tmp_path / "lm_throughput_cpu.json").read_text())
+    assert [(x["shape"], x["variant"]) for x in r["rows"]] == [("tiny", "2"), ("tiny", "g1")]
+    for row in r["rows"]:
+        d = row["dpx"]
+        assert d["status"] == "ok" and d["model"]["tokens_per_s"] == pytest.approx(4 * 64 / d["model"]["median_s"])
+        assert d["layer"]["ms"] > 0 and d["layer_plain"]["ms"] > 0
+        assert "dpx_over_fla" in row and "layer_dpx_over_fla" in row
+        if r["env"]["fla_error"]:
+            assert row["dpx_over_fla"] is None and "fla not measured" in row["fla_note"]
+    assert (tmp_path / "lm_throughput_table.md").read_text().count("| tiny |") == 2
+
+
+def test_prune_fla_autotune(monkeypatch):
+    triton = pytest.importorskip("triton")
+    import triton.language as tl
+    sys.path.insert(0, str(SCRIPT.parent))
+    import layer_gpu
+
+    @triton.heuristics({"X": lambda a: 1})
+    @triton.autotune(configs=[triton.Config({"BV": bv}, num_warps=w, num_stages=s)
+                              for w in (2, 4, 8) for s in (1, 2, 3) for bv in (32, 64)], key=["n"])
+    @triton.jit
+    def kern(x, n, BV: tl.constexpr, X: tl.constexpr):
+        pass
+    mod = types.ModuleType("fla_test_ops")
+    mod.kern = kern
+    monkeypatch.setitem(sys.modules, "fla_test_ops", mod)
+    assert layer_gpu.prune_fla_autotune(2) >= 1
+    assert [(c.kwargs["BV"], c.num_warps, c.num_stages) for c in kern.fn.configs] == [(32, 4, 2), (64, 4, 2)]
+
+
+def _run(tmp_path, env_extra, *args):
+    import os
+    env = {**os.environ, **env_extra}
+    p = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--device", "cpu", "--parts", "measure",
+                        "--warmup", "1", "--steps", "1", "--layer-iters", "1", *args],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return json.loads((tmp_path / "lm_throughput_cpu.json").read_text())
+
+
+def test_failed_warmup_worker_skips_its_row(tmp_path):
+    """A variant whose warm-up worker died (a kernel fault, simulated) is not run in the measuring process."""
+    r = _run(tmp_path, {"DPX_LAYER_GPU_WARM_CPU": "1", "DPX_LAYER_GPU_FAIL_WARM": "tiny:g1:dpx"},
+             "--plan", "tiny:g1,tiny:2", "--precompile-jobs", "2")
+    st = {x["variant"]: x["dpx"]["status"] for x in r["rows"]}
+    assert st["g1"].startswith("skipped: its warm-up worker failed") and "illegal memory access" in st["g1"]
+    assert st["2"] == "ok" and r["env"]["warmup"]["tiny:2:dpx"].startswith("ok")
+
+
+def test_cuda_fault_moves_the_rest_to_a_fresh_process(tmp_path):
+    r = _run(tmp_path, {"DPX_LAYER_GPU_FAIL_MEASURE": "tiny:2:dpx"}, "--plan", "tiny:2,tiny:3")
+    assert [x["variant"] for x in r["rows"]] == ["2", "3"]
+    assert "CUDA error" in r["rows"][0]["dpx"]["status"]
+    assert r["rows"][1]["dpx"]["status"] == "ok" and r["rows"][1]["process"].startswith("fresh")
+
+
+def test_cuda_fault_in_the_op_checks(tmp_path):
+    """An op check that faults (simulated): the fused path goes off and profile + measure run in a fresh process,
+    into the same folder."""
+    import os
+    p = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--device", "cpu", "--parts",
+                        "check,measure", "--plan", "tiny:2", "--warmup", "1", "--steps", "1", "--layer-iters", "1"],
+                       capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "DPX_LAYER_GPU_FAIL_OPS": "1"})
+    assert p.returncode == 0, p.stderr[-2000:]
+    c = json.loads((tmp_path / "fused_checks.json").read_text())
+    assert not c["all_ok"] and "DPX_FUSED=0" in c["env"]["fused_disabled"]
+    r = json.loads((tmp_path / "lm_throughput_cpu.json").read_text())
+    assert r["rows"][0]["dpx"]["status"] == "ok"
