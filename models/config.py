@@ -147,8 +147,12 @@ class ModelConfig:
 
     def __post_init__(self):
         if self.family not in FAMILIES:
-            raise ValueError(f"family: unknown family {self.family!r}" + did_you_mean(self.family, FAMILIES)
-                             + f"; choose one of {', '.join(FAMILIES)}")
+            from .plugins import families  # entry-point families of other packages (models/plugins.py)
+
+            known = families()
+            if self.family not in known:
+                raise ValueError(f"family: unknown family {self.family!r}" + did_you_mean(self.family, known)
+                                 + f"; choose one of {', '.join(known)}")
         if isinstance(self.matching, dict):
             unknown = [k for k in self.matching if k not in MATCHING_FIELDS]
             if unknown:

@@ -29,6 +29,12 @@ MIXERS: dict[str, type[Mixer]] = {
 
 def get_mixer(family: str) -> type[Mixer]:
     if family not in MIXERS:
+        from ..plugins import mixer_class  # a family another package registered (models/plugins.py)
+
+        cls = mixer_class(family)
+        if cls is not None:
+            MIXERS[family] = cls
+            return cls
         raise ValueError(f"family: no mixer registered for {family!r}" + did_you_mean(family, MIXERS)
                          + f"; known: {', '.join(f for f in FAMILIES if f in MIXERS)}")
     return MIXERS[family]
