@@ -51,3 +51,17 @@ def dpx():
 def write_recipe(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
+
+
+def fake_install(site: Path, package: str, files: dict[str, str], entry_points: str) -> Path:
+    """An installed distribution without pip: `site/package/<files>` and a dist-info holding `entry_points`
+    (entry_points.txt text); put `site` on PYTHONPATH and importlib.metadata finds its entry points."""
+    pkg = site / package
+    pkg.mkdir(parents=True)
+    for name, text in files.items():
+        (pkg / name).write_text(text)
+    info = site / f"{package}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package.replace('_', '-')}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(entry_points)
+    return site

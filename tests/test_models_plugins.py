@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+from conftest import fake_install
+
 PLUGIN = '''
 my_mixer = {"mixer": "dpx_test_mixer.mixer:CausalMeanMixer", "doc": "a causal running mean, for the test"}
 '''
@@ -29,16 +31,8 @@ class CausalMeanMixer(Mixer):
 
 
 def _site(tmp_path):
-    site = tmp_path / "site"
-    pkg = site / "dpx_test_mixer"
-    pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text(PLUGIN)
-    (pkg / "mixer.py").write_text(MIXER)
-    info = site / "dpx_test_mixer-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: dpx-test-mixer\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[dpx.models]\nmy_mixer = dpx_test_mixer:my_mixer\n")
-    return site
+    return fake_install(tmp_path / "site", "dpx_test_mixer", {"__init__.py": PLUGIN, "mixer.py": MIXER},
+                        "[dpx.models]\nmy_mixer = dpx_test_mixer:my_mixer\n")
 
 
 def test_model_family_from_another_package(tmp_path, dpx):

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import fake_install
+
 import dpx
 
 REPO = Path(__file__).resolve().parents[1]
@@ -86,16 +88,9 @@ def run(config, ctx):
 
 
 def test_entry_point_task_from_another_package(tmp_path, dpx):  # the `dpx` fixture: the CLI in a subprocess
-    site = tmp_path / "site"
-    pkg = site / "dpx_test_plugin"
-    pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text(PLUGIN)
-    (pkg / "config.py").write_text(PLUGIN_CONFIG)
-    (pkg / "run.py").write_text(PLUGIN_RUN)
-    info = site / "dpx_test_plugin-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: dpx-test-plugin\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[dpx.tasks]\nplug = dpx_test_plugin:plugin_task\n")
+    site = fake_install(tmp_path / "site", "dpx_test_plugin",
+                        {"__init__.py": PLUGIN, "config.py": PLUGIN_CONFIG, "run.py": PLUGIN_RUN},
+                        "[dpx.tasks]\nplug = dpx_test_plugin:plugin_task\n")
     recipe = tmp_path / "plug.yaml"
     recipe.write_text("name: plug\ntask: {name: plug, factor: 1.5}\ngrid: {task.factor: [1.5, 2.5]}\n"
                       "tracking: {enabled: false}\n")
