@@ -429,12 +429,16 @@ def main():
     ap.add_argument("--fla-jobs", type=int, default=4, help="parallel cases in phase 2")
     ap.add_argument("--fla-timeout-s", type=float, default=420, help="limit of one phase-2 case (fla autotunes)")
     ap.add_argument("--list", action="store_true", help="print the cases and exit")
+    ap.add_argument("--kernels-sha", action="store_true", help="print the kernels' source digest and exit")
     ap.add_argument("--budget-s", type=float, default=0, help="start no case after this many seconds (0: no limit)")
     ap.add_argument("--name", default="gpu_check", help="output file stem")
     a = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     if a.case:
         sys.exit(worker(a.case))
+    if a.kernels_sha:
+        print(kernels_sha())
+        return
     os.environ.pop("TRITON_CACHE_AUTOTUNING", None)  # every case autotunes dpx's kernels afresh, as a user's run
     cases, notes = matrix_cases(), []
     if not a.no_recipes:
@@ -509,12 +513,24 @@ def main():
                "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
                "torch": torch.__version__, "triton": triton.__version__, "tolerances": TOL, "fla_factor": FLA_FACTOR,
                "commit": _git("rev-parse", "--short", "HEAD"), "dirty": bool(_git("status", "--porcelain")),
+               # the device tool's copy of the tree can carry a stale .git: the kernels' own source digest names
+               # the code that ran (compare with `python3 benchmarks/gpu_check.py --kernels-sha` here)
+               "kernels_sha": kernels_sha(),
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "notes": notes,
                "command": " ".join(["python3", "benchmarks/gpu_check.py"] + sys.argv[1:])}
     (out / f"{a.name}.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1, default=str))
     (out / f"{a.name}.md").write_text(markdown(summary, rows))
     print(json.dumps(summary))
     sys.exit(0 if summary["pass"] == len(rows) else 1)
+
+
+def kernels_sha() -> str:
+    """sha256 (16 hex) of every kernels/**/*.py, path and content: which kernel code a result belongs to."""
+    import hashlib
+    h = hashlib.sha256()
+    for f in sorted((ROOT / "kernels").rglob("*.py")):
+        h.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def _git(*args) -> str:
