@@ -291,17 +291,22 @@ def _sync():
         torch.cuda.synchronize()
 
 
-def best_configs() -> dict:
-    """The config each autotuned kernel chose in this process (the last key it tuned)."""
+def _autotuners() -> dict:
+    """Every autotuned kernel of the delta family: {kernel name: its triton Autotuner}."""
     from dpx.kernels.utils import autotuner
     from dpx.kernels.delta_product import chunk_bwd, chunk_h, chunk_o, fused_recurrent, wy_fast
     out = {}
     for mod in (wy_fast, chunk_h, chunk_o, chunk_bwd, fused_recurrent):
         for name in dir(mod):
             at = autotuner(getattr(mod, name))
-            if at is not None and getattr(at, "cache", None):
-                out[name] = [str(cfg) for cfg in at.cache.values()][-1]
+            if at is not None:
+                out[name] = at
     return out
+
+
+def best_configs() -> dict:
+    """The config each autotuned kernel chose in this process (the last key it tuned)."""
+    return {name: str(list(at.cache.values())[-1]) for name, at in _autotuners().items() if getattr(at, "cache", None)}
 
 
 def judge(c, row) -> tuple[str, list[str]]:
@@ -373,13 +378,8 @@ def _spawn(c, env_extra=None, timeout=200):
 
 
 def _n_configs(kernel: str) -> int:
-    from dpx.kernels.utils import autotuner
-    from dpx.kernels.delta_product import chunk_bwd, chunk_h, chunk_o, fused_recurrent, wy_fast
-    for mod in (wy_fast, chunk_h, chunk_o, chunk_bwd, fused_recurrent):
-        if hasattr(mod, kernel):
-            at = autotuner(getattr(mod, kernel))
-            return 0 if at is None else len(at.configs)
-    return 0
+    at = _autotuners().get(kernel)
+    return 0 if at is None else len(at.configs)
 
 
 _LOCK = threading.Lock()

@@ -38,11 +38,12 @@ def kernel_name(kernel) -> str:
 
 
 def launch(kernel, grid, *args, **kwargs):
-    """kernel[grid](*args, **kwargs), with the fault-hunting switches above applied."""
-    name = kernel_name(kernel)
-    if name in PINS:
+    """kernel[grid](*args, **kwargs), with the fault-hunting switches above applied (nothing else on the hot path
+    when both are off: decode launches a kernel per token)."""
+    if PINS:
+        name = kernel_name(kernel)
         at = autotuner(kernel)
-        if at is not None and not getattr(at, "dpx_pinned", False):
+        if name in PINS and at is not None and not getattr(at, "dpx_pinned", False):
             at.configs, at.dpx_pinned = [at.configs[PINS[name]]], True
     kernel[grid](*args, **kwargs)
     if SYNC:
@@ -51,7 +52,7 @@ def launch(kernel, grid, *args, **kwargs):
         except Exception as e:  # the context is lost after a fault: say which kernel, then let it die
             at = autotuner(kernel)
             cfg = None if at is None else getattr(at, "best_config", None)
-            raise RuntimeError(f"DPX_KERNEL_FAULT {name} config={cfg}: {e}") from e
+            raise RuntimeError(f"DPX_KERNEL_FAULT {kernel_name(kernel)} config={cfg}: {e}") from e
 
 
 def next_pow2(x: int, floor: int = 16) -> int:
