@@ -50,14 +50,20 @@ def start_head(tmp: str) -> tuple[subprocess.Popen, dict] | None:
            f"--dashboard-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
            f"--dashboard-agent-grpc-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
            f"--metrics-export-port={free_port()}"]
-    log = Path(tmp) / "head.log"
+    proc = ray_start_blocking(cmd, Path(tmp) / "head.log")
+    return None if proc is None else (proc, {"gcs": f"127.0.0.1:{port}", "client": f"ray://127.0.0.1:{client_port}"})
+
+
+def ray_start_blocking(cmd: list[str], log: Path) -> subprocess.Popen | None:
+    """`ray start --block ...` in its own process group, logging to `log`; the process once Ray says it is up
+    ("block forever"), or None (stopped) if it did not come up within 150 s."""
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
                                 env={**os.environ, "RAY_AUTH_MODE": "disabled"})
     deadline = time.time() + 150
     while time.time() < deadline and proc.poll() is None:
         if "block forever" in log.read_text():
-            return proc, {"gcs": f"127.0.0.1:{port}", "client": f"ray://127.0.0.1:{client_port}"}
+            return proc
         time.sleep(0.5)
     stop_group(proc)
     return None
