@@ -43,7 +43,6 @@ import json
 import math
 import os
 import platform
-import signal
 import statistics
 import subprocess
 import sys
@@ -81,46 +80,13 @@ def _setup_paths(wheels: str | None):
             sys.modules.pop(m)
 
 
-SHAPES = {
-    "fig4": dict(model=dict(num_layers=8, hidden_size=1024, num_heads=12, head_dim=128,
-                            matching={"mode": "heads", "reference": {"num_householder": 1}}),
-                 seq_len=2048, batch_size=16),
-    "table3": dict(model=dict(num_layers=4, hidden_size=512, num_heads=4, head_dim=128,
-                              matching={"mode": "head_dim", "reference": {"num_householder": 1, "head_dim": 128}}),
-                   seq_len=1024, batch_size=32),
-    "tiny": dict(model=dict(num_layers=2, hidden_size=64, num_heads=2, head_dim=32, vocab_size=512), seq_len=64,
-                 batch_size=4),
-}
-COMMON = dict(vocab_size=32000, expand_v=1.0, allow_neg_eigval=True, use_short_conv=True, use_output_gate=False,
-              tie_embeddings=True)
+# the shapes, variants and the budget guard are benchmarks/lm_throughput.py's (issue 6's harness): one definition
+from lm_throughput import COMMON, SHAPES, OutOfBudget, deadline, model_config  # noqa: E402
+
 # most wanted first (the budget may end the list): the issue's row, its gated twin, then every fla comparison,
 # then the remaining gated rows (each compared with fla's non-gated row measured before it)
 DEFAULT_PLAN = ("fig4:2,fig4:g2,table3:2,fig4:1,fig4:3,table3:1,table3:3,table3:g2,fig4:g1,fig4:g3,table3:g1,"
                 "table3:g3")
-
-
-class OutOfBudget(Exception):
-    pass
-
-
-@contextlib.contextmanager
-def deadline(t_end: float):
-    left = t_end - time.time()
-    if left <= 0:
-        raise OutOfBudget("budget spent before start")
-    if not hasattr(signal, "SIGALRM"):
-        yield
-        return
-
-    def fire(signum, frame):
-        raise OutOfBudget("budget spent during the measurement")
-    old = signal.signal(signal.SIGALRM, fire)
-    signal.setitimer(signal.ITIMER_REAL, left)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def _err(e: BaseException) -> str:
@@ -128,16 +94,6 @@ def _err(e: BaseException) -> str:
 
 
 # -- models --------------------------------------------------------------------------------------------------------
-
-def model_config(shape: str, variant: str) -> dict:
-    gated = variant.startswith("g")
-    n_h = int(variant.lstrip("g"))
-    cfg = {**COMMON, **SHAPES[shape]["model"], "num_householder": n_h,
-           "family": "gated_deltaproduct" if gated else "deltaproduct"}
-    if n_h == 1:
-        cfg.pop("matching", None)
-    return cfg
-
 
 FLA_SOURCE = {"layer": ""}  # which fla layer the comparison runs (said in the JSON)
 
