@@ -98,7 +98,9 @@ def start(recipe: str | Path, overrides: list[str] | None = None, workspace: str
     ws.create()
     store = StateStore(ws.state_db)
     n_reset = store.reset(ex.recipe, ("failed", "cancelled"), [t.trial_id for t in ex.trials]) if rerun_failed else None
-    sub_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+    # ids sort in creation order (milliseconds before the random part): `ls .dpx/drivers` lists submissions as made
+    now = time.time()
+    sub_id = time.strftime("%Y%m%d-%H%M%S-", time.localtime(now)) + f"{int(now * 1000) % 1000:03d}" + uuid.uuid4().hex[:3]
     added = store.add_submission(sub_id, ex.recipe, str(Path(ref.file).absolute()), overrides,
                                  ex.meta.hardware.backend, ex.trials, lambda t: ws.run_dir(ex.recipe, t.trial_id))
     st = Started(sub_id, ws, ex, added["new"], store.counts(submission=sub_id), n_reset, reused)

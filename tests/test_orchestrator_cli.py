@@ -129,8 +129,11 @@ def test_second_submit_hands_over_to_the_live_driver(tmp_path, dpx):
     assert len(rows) == 4 and all(x["status"] == "completed" and x["attempts"] == 1 for x in rows.values())
     for x in rows.values():  # one attempt header per log: nothing ran twice
         assert (Path(x["run_dir"]) / "log.txt").read_text().count("===== attempt") == 1
-    logs = sorted((ws / "drivers").glob("*.log"))
-    assert len(logs) == 2 and "waiting for the live driver of clidbg" in logs[1].read_text()
+    con = sqlite3.connect(ws / "state.db")  # the logs in submission order (created_at), not by name
+    subs = [r[0] for r in con.execute("SELECT id FROM submissions ORDER BY created_at")]
+    con.close()
+    logs = [ws / "drivers" / f"{s}.log" for s in subs]
+    assert len(logs) == 2 and sorted(subs) == subs and "waiting for the live driver of clidbg" in logs[1].read_text()
     assert "every trial was run by the recipe's earlier driver" in logs[1].read_text()
 
 
