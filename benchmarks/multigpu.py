@@ -60,7 +60,7 @@ def ddp_phase(root: Path, gpus: int, steps: int, limit: float) -> dict:
     t0 = time.time()
     with open(d / "log.txt", "wb") as log:
         try:
-            code = subprocess.run([sys.executable, "-m", "dpx.orchestrator.runner", str(d)], env=env, cwd=d,
+            code = subprocess.run([sys.executable, "-m", "dpx.orchestrator.trial.runner", str(d)], env=env, cwd=d,
                                   stdout=log, stderr=subprocess.STDOUT, timeout=limit).returncode
         except subprocess.TimeoutExpired:
             code = "timeout"

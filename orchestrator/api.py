@@ -13,6 +13,7 @@ Bad input raises `dpx.RecipeError` (its `str()` is the CLI's one line: file, key
 """
 from __future__ import annotations
 
+import importlib.util
 import re
 import socket
 import time
@@ -21,7 +22,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import refs
+from .backends import check_backend
+from .driver import turns
+from .driver.liveness import driver_alive, driver_process_ended
+from .driver.process import spawn_driver
 from .errors import RecipeError
+from .state import StateStore
+from .sync import refresh_duckdb
 from .workspace import Workspace
 
 __all__ = ["expand", "submit", "results", "status", "cancel", "Submission", "RecipeError"]
@@ -32,16 +40,13 @@ def _workspace(workspace: str | Path | Workspace | None) -> Workspace:
 
 
 def _store(ws: Workspace):
-    from .state import StateStore
-
     return StateStore(ws.state_db) if ws.exists else None  # never create a workspace just to read one
 
 
 def expand(recipe: str | Path, overrides: list[str] | None = None, workspace: str | Path | None = None):
     """The trial grid of a recipe file or name (`Expansion`: .trials with .trial_id/.config/.point, .axes, .meta).
     Runs nothing, writes nothing."""
-    from . import refs
-    from .trials import expand as _expand
+    from .trials import expand as _expand  # pydantic, omegaconf (~0.4 s): not for status, cancel, results
 
     ws = _workspace(workspace)
     ref = refs.recipe_file(str(recipe), lambda: _store(ws), need_last=False)
@@ -72,11 +77,7 @@ def start(recipe: str | Path, overrides: list[str] | None = None, workspace: str
           rerun_failed: bool = False) -> Started:
     """Validate, register the trials and start a driver (or hand them to the recipe's live one). Raises RecipeError
     before anything is written."""
-    from . import refs, turns
-    from .backends import check_backend
-    from .driver import spawn_driver
-    from .state import StateStore
-    from .trials import expand as _expand
+    from .trials import expand as _expand  # pydantic, omegaconf (~0.4 s): not for status, cancel, results
 
     ws = _workspace(workspace)
     ref = refs.recipe_file(str(recipe), lambda: _store(ws), need_last=rerun_failed)
@@ -119,8 +120,6 @@ BACKEND_MODULES = {"ray": "ray", "slurm": "submitit"}  # backend -> the module i
 
 
 def _check_extra(backend: str, file: str) -> None:
-    import importlib.util
-
     mod = BACKEND_MODULES.get(backend)
     if mod and importlib.util.find_spec(mod) is None:
         raise RecipeError(f"backend {backend!r} needs {mod}, which is not installed: pip install 'dpx[{backend}]'",
@@ -130,17 +129,9 @@ def _check_extra(backend: str, file: str) -> None:
 def wait_driver(ws: Workspace, store, sub_id: str, limit_s: float | None = 900) -> bool:
     """Wait until the submission's driver process has ended (it finishes MLflow, DuckDB and figures after the
     trials). False when `limit_s` ran out first."""
-    from .state import pid_alive
-
     t0 = time.time()
     while limit_s is None or time.time() - t0 < limit_s:
-        sub = store.submission(sub_id)
-        if sub is None or not sub["driver_pid"]:
-            return True
-        if sub["driver_host"] == socket.gethostname():
-            if not pid_alive(sub["driver_pid"]):  # the process itself, not just its last state write
-                return True
-        elif sub["state"] in ("done", "cancelled", "crashed"):
+        if driver_process_ended(store.submission(sub_id)):  # the process itself, not just its last state write
             return True
         time.sleep(0.2)
     return False
@@ -155,8 +146,6 @@ class Submission:
     trial_ids: list[str] = field(default_factory=list)
 
     def _store(self):
-        from .state import StateStore
-
         return StateStore(self.workspace.state_db)
 
     def status(self) -> dict[str, int]:
@@ -171,8 +160,6 @@ class Submission:
     def wait(self, timeout: float | None = None, poll_s: float = 0.5) -> dict[str, int]:
         """Block until every trial ended and the driver finished logging; returns the final counts. TimeoutError
         when `timeout` (seconds) runs out first."""
-        from .driver import driver_alive
-
         store, t0 = self._store(), time.time()
         while True:
             c = store.counts(submission=self.id)
@@ -213,9 +200,6 @@ def submit(recipe: str | Path, overrides: list[str] | None = None, workspace: st
 
 def cancel(recipe: str, workspace: str | Path | Workspace | None = None, wait_s: float = 60) -> dict:
     """Cancel a recipe (file or name): {"live": bool (a driver did it), "cancelled_pending": n, **counts}."""
-    from . import refs
-    from .driver import driver_alive
-
     ws = _workspace(workspace)
     store = _store(ws)
     if store is None:
@@ -227,9 +211,7 @@ def cancel(recipe: str, workspace: str | Path | Workspace | None = None, wait_s:
     live = [s for s in subs if driver_alive(s) or s["state"] == "starting"]
     n = 0
     if not live:  # no driver to do it: cancel pending trials here
-        with store.tx() as c:
-            n = c.execute("UPDATE trials SET status='cancelled', error='cancelled by user', updated_at=? "
-                          "WHERE recipe=? AND status='pending'", (time.time(), name)).rowcount
+        n = store.cancel_pending(name)
     else:
         deadline = time.time() + wait_s
         while time.time() < deadline and store.counts(recipe=name)["running"]:
@@ -239,13 +221,10 @@ def cancel(recipe: str, workspace: str | Path | Workspace | None = None, wait_s:
 
 def status(recipe: str | None = None, workspace: str | Path | None = None) -> dict[str, dict[str, int]]:
     """{recipe: trial counts by status} for one recipe (file or name) or all."""
-    from . import refs
-
     store = _store(_workspace(workspace))
     if store is None:
         return {}
-    names = [refs.resolve(str(recipe), store).name] if recipe else sorted(
-        {r["recipe"] for r in store.q("SELECT DISTINCT recipe FROM trials")})
+    names = [refs.resolve(str(recipe), store).name] if recipe else store.recipes()
     return {n: store.counts(recipe=n) for n in names}
 
 
@@ -257,15 +236,12 @@ def results(recipe_or_sql: str, workspace: str | Path | Workspace | None = None)
     """A pandas DataFrame: a recipe (file or name) gives its `recipe_<name>` view (one row per trial); anything that
     reads as SQL is run as is over the tables and views (`trials`, `metrics`, `curves`, `summary`, `fig5`, ...).
     DuckDB is rebuilt from the run dirs first when they changed."""
-    from . import refs
-    from .results import refresh_duckdb
-
     ws = _workspace(workspace)
     store = _store(ws)
     if store is None:
         raise RecipeError(f"{ws.root}: no dpx workspace here yet (submit a recipe first)")
     db = refresh_duckdb(ws)
-    from dpx.registry.db import connect
+    from dpx.registry.db import connect  # duckdb, pandas: only results() loads them
 
     con = connect(db)
     try:

@@ -4,21 +4,46 @@ Bad input (recipe file, key path, reason) is one line on stderr and exit status 
 """
 from __future__ import annotations
 
+import glob
+import importlib.util
 import json
 import os
 import sys
+import tempfile
 import time
 from enum import Enum
 from pathlib import Path
+from types import SimpleNamespace
 from typing import List, Optional
 
 import typer
+import yaml
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+import dpx
+from dpx.rundir import LOG
+
+from . import export
+from . import logs as tlogs
+from . import server as srv
+from .api import cancel as api_cancel
+from .api import expand as api_expand
+from .api import start, wait_driver
+from .backends.slurm import wait_accepted
+from .driver.liveness import driver_alive
 from .errors import RecipeError
 from .grid import get_dotted
+from .limits import NAME_RE, read_recipe_text, set_max_trials
+from .progress import watch as watch_progress
+from .refs import resolve
+from .repair import check, repair_command
+from .state import StateStore
+from .sync import refresh_duckdb, sync_mlflow
+from .tables import print_results, print_status
+from .tracking import ui_url
+from .workspace import Workspace
 
 app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode="markdown",
@@ -53,8 +78,6 @@ class ExpandFmt(str, Enum):
 
 def _version(value: bool) -> None:
     if value:
-        import dpx
-
         print(f"dpx {dpx.__version__}")
         raise typer.Exit()
 
@@ -75,13 +98,9 @@ def _fail(msg: str, code: int = 2) -> None:
 
 
 def _ws(path: Optional[str], must_exist: bool = False):
-    from .workspace import Workspace
-
     ws = Workspace.resolve(path or _GLOBAL["workspace"])
     if ws.root.exists() and not ws.root.is_dir():
         _fail(f"{ws.root}: not a folder (--workspace and $DPX_WORKSPACE name a workspace folder)")
-    from .repair import check
-
     problem = check(ws)  # a damaged state store: one line; a deleted one is rebuilt from the run dirs
     if problem:
         _fail(problem)
@@ -92,35 +111,25 @@ def _ws(path: Optional[str], must_exist: bool = False):
 
 def _need(module: str, extra: str) -> None:
     """A command that needs an optional stack: one line naming the extra when it is missing."""
-    import importlib.util
-
     if importlib.util.find_spec(module) is None:
         _fail(f"this needs {module}, which is not installed: pip install 'dpx[{extra}]'", 1)
 
 
 def _store(ws):
-    from .state import StateStore
-
     return StateStore(ws.state_db) if ws.exists else None
 
 
 def _expand(recipe: str, overrides: list[str], workspace: Optional[str] = None):
-    from .api import expand
-
     try:
-        return expand(recipe, overrides, _ws(workspace))
+        return api_expand(recipe, overrides, _ws(workspace))
     except RecipeError as e:
         _fail(e.line())
 
 
 def _recipe_name(arg: str, ws=None) -> str:
     """A recipe argument may be a file (its `name:` wins) or a bare name."""
-    from .refs import resolve
-
     p = Path(arg)
     if p.exists() and not p.is_file():  # a folder, a FIFO, a device: one line saying which, never a hang
-        from .limits import read_recipe_text
-
         try:
             read_recipe_text(p, arg)
         except RecipeError as e:
@@ -131,8 +140,6 @@ def _recipe_name(arg: str, ws=None) -> str:
 def _complete_recipe(incomplete: str) -> list[str]:
     """Shell completion for RECIPE: names of recipes/*.yaml here, files under a typed folder, and the recipe names
     the workspace knows."""
-    import glob
-
     if "/" in incomplete or incomplete.startswith("."):
         return sorted(glob.glob(incomplete + "*.y*ml")) + [d + "/" for d in sorted(glob.glob(incomplete + "*"))
                                                           if os.path.isdir(d)]
@@ -169,8 +176,6 @@ def expand(recipe: str = typer.Argument(..., help="recipe file or name", autocom
            max_trials: Optional[int] = typer.Option(None, "--max-trials", help="allow grids above 100,000 trials"),
            multirun: bool = MULTIRUN_OPT):
     """Print the trial grid (count, trial ids, the axes that vary). Runs nothing, writes nothing."""
-    from .limits import set_max_trials
-
     set_max_trials(max_trials)
     t0 = time.perf_counter()
     ex = _expand(recipe, overrides or [])
@@ -207,8 +212,6 @@ def show(recipe: str = typer.Argument(..., help="recipe file or name", autocompl
          multirun: bool = MULTIRUN_OPT):
     """Print the resolved recipe (after base:, scales and overrides), or one trial's resolved config, as YAML
     (Hydra's `--cfg job`). Runs nothing, writes nothing."""
-    import yaml
-
     ex = _expand(recipe, overrides or [])
     if trial is None:
         sys.stdout.write(yaml.safe_dump(ex.raw, sort_keys=False))
@@ -228,9 +231,6 @@ def show(recipe: str = typer.Argument(..., help="recipe file or name", autocompl
 
 # ---- submit / rerun / watch -----------------------------------------------------------------------------------
 def _submit(recipe: str, overrides: list[str], wait: bool, workspace: Optional[str], rerun_failed: bool) -> None:
-    from .api import start
-    from .state import StateStore
-
     ws = _ws(workspace)
     try:
         st = start(recipe, overrides, ws, rerun_failed=rerun_failed)
@@ -255,8 +255,6 @@ def _submit(recipe: str, overrides: list[str], wait: bool, workspace: Optional[s
                       f"submission's driver waits for it (one driver per recipe)")
         out.print(f"driver pid {st.driver_pid}; log {escape(str(st.ws.drivers / (sub_id + '.log')))}")  # not markup
         if ex.meta.hardware.backend == "slurm" and not wait:  # return once sbatch has accepted the arrays
-            from .backends.slurm import wait_accepted
-
             jobs = wait_accepted(store, sub_id)
             out.print(f"sbatch accepted: Slurm job {', '.join(jobs)}" if jobs else "no Slurm job yet: see `dpx status`")
     if wait:
@@ -264,12 +262,7 @@ def _submit(recipe: str, overrides: list[str], wait: bool, workspace: Optional[s
 
 
 def _watch_and_report(ws, store, sub_id: str, recipe: str, axes: list[str]) -> None:
-    from types import SimpleNamespace
-
-    from .progress import watch
-    from .results import print_results
-
-    watch(ws, store, sub_id, SimpleNamespace(recipe=recipe))
+    watch_progress(ws, store, sub_id, SimpleNamespace(recipe=recipe))
     _wait_driver(ws, store, sub_id)
     print_results(ws, store, recipe, sub_id, axes, out)
     failed = store.counts(submission=sub_id)["failed"]
@@ -279,8 +272,6 @@ def _watch_and_report(ws, store, sub_id: str, recipe: str, axes: list[str]) -> N
 def _wait_driver(ws, store, sub_id: str, limit_s: float = 900) -> None:
     """After the trials: wait while the driver finishes MLflow logging, the DuckDB tables and the recipe figures,
     so that `dpx ui` / `dpx query` right after `--wait` see everything."""
-    from .api import wait_driver
-
     with err.status("finishing: MLflow logging, results tables, figures ..."):
         wait_driver(ws, store, sub_id, limit_s)
 
@@ -300,8 +291,6 @@ def submit(recipe: str = typer.Argument(..., help="recipe file or name", autocom
            multirun: bool = MULTIRUN_OPT):
     """Expand RECIPE and run its trials in the background (completed trials never run again). A second submit of
     a recipe whose driver runs hands its new trials to that driver."""
-    from .limits import set_max_trials
-
     set_max_trials(max_trials)
     _submit(recipe, overrides or [], wait, workspace, rerun_failed=False)
 
@@ -316,8 +305,6 @@ def rerun(recipe: str = typer.Argument(..., help="recipe file or name", autocomp
           max_trials: Optional[int] = typer.Option(None, "--max-trials", help="allow grids above 100,000 trials"),
           workspace: Optional[str] = WS_OPT):
     """Run failed, cancelled (and missing) trials of RECIPE again; completed trials are left alone."""
-    from .limits import set_max_trials
-
     set_max_trials(max_trials)
     if not failed:
         _fail("say what to rerun: `dpx rerun RECIPE --failed`")
@@ -329,8 +316,6 @@ def watch(recipe: Optional[str] = typer.Argument(None, help="recipe file or name
                                                   autocompletion=_complete_recipe),
           workspace: Optional[str] = WS_OPT):
     """Re-attach to a submission's live progress (the display of `submit --wait`), then its results."""
-    from .driver import driver_alive
-
     ws = _ws(workspace, must_exist=True)
     store = _store(ws)
     subs = store.submissions(_recipe_name(recipe, ws)) if recipe else store.submissions()
@@ -340,7 +325,7 @@ def watch(recipe: Optional[str] = typer.Argument(None, help="recipe file or name
     sub = live[-1] if live else subs[-1]
     rows = store.trials(submission=sub["id"])
     points = [json.loads(r["point"] or "{}") for r in rows]
-    from .trials import _varying_axes
+    from .trials import _varying_axes  # pydantic, omegaconf (~0.4 s): only the commands that read a recipe
 
     seeds = sorted({p.get("seed") for p in points if "seed" in p})
     axes = _varying_axes([{k: v for k, v in p.items() if k != "seed"} for p in points], seeds)
@@ -355,8 +340,6 @@ def status(recipe: Optional[str] = typer.Argument(None, help="recipe file or nam
            workspace: Optional[str] = WS_OPT,
            all_trials: bool = typer.Option(False, "--trials", help="list every trial")):
     """Done / running / pending / failed counts per recipe, and the error tails of failed trials."""
-    from .results import print_status
-
     ws = _ws(workspace, must_exist=True)
     store = _store(ws)
     name = _recipe_name(recipe, ws) if recipe else None
@@ -372,8 +355,6 @@ def logs(trial: str = typer.Argument(..., help="trial id (a unique prefix is eno
          tail: int = typer.Option(0, help="only the last N lines (per trial)"),
          follow: bool = typer.Option(False, "--follow", "-f", help="keep printing while the trial runs")):
     """Print a trial's log (all attempts) with its training lines (`[train] step N  key value ...`)."""
-    from . import logs as tlogs
-
     ws = _ws(workspace, must_exist=True)
     store = _store(ws)
     rows = store.find_trial(trial)
@@ -401,7 +382,7 @@ def logs(trial: str = typer.Argument(..., help="trial id (a unique prefix is eno
 
             tlogs.follow(run_dir, running)
             continue
-        if not (run_dir / "log.txt").exists():
+        if not (run_dir / LOG).exists():
             if len(rows) == 1:
                 _fail(f"{run_dir / 'log.txt'}: no log yet (trial is {r['status']})", 1)
             continue
@@ -412,8 +393,6 @@ def logs(trial: str = typer.Argument(..., help="trial id (a unique prefix is eno
 @app.command(epilog="Examples:  `dpx cancel quickstart` · `dpx cancel recipes/fig5_state_tracking.yaml`")
 def cancel(recipe: str = typer.Argument(..., help="recipe file or name", autocompletion=_complete_recipe), workspace: Optional[str] = WS_OPT):
     """Stop a recipe's running trials and drop its pending ones (they can be rerun with `rerun --failed`)."""
-    from .api import cancel as api_cancel
-
     ws = _ws(workspace, must_exist=True)
     c = api_cancel(recipe, ws)
     if not c["live"]:
@@ -435,9 +414,6 @@ def query(sql: str = typer.Argument(..., help="SQL over tables trials, metrics, 
           out_file: Optional[str] = typer.Option(None, "--out", help="write the rows to FILE (outside the workspace)"),
           workspace: Optional[str] = WS_OPT):
     """SQL over the results (DuckDB, read-only, no file access), rebuilt from the run dirs when they changed."""
-    from . import export
-    from .results import refresh_duckdb
-
     ws = _ws(workspace, must_exist=True)
     fmt = Fmt(fmt).value
     if fmt not in export.FORMATS:
@@ -449,8 +425,8 @@ def query(sql: str = typer.Argument(..., help="SQL over tables trials, metrics, 
     if fmt == "parquet" and dest is None:
         _fail("--format parquet: needs --out FILE")
     db = refresh_duckdb(ws)
-    from dpx.registry import query as rq
-    from dpx.registry.db import query_arrow
+    from dpx.registry import query as rq  # duckdb: only the commands that read results load it
+    from dpx.registry.db import query_arrow  # duckdb: as above
 
     try:
         if fmt == "parquet":
@@ -467,8 +443,6 @@ def query(sql: str = typer.Argument(..., help="SQL over tables trials, metrics, 
 
 
 def _print_rows(cols: list[str], rows: list, fmt, out_file: Optional[str] = None) -> None:
-    from . import export
-
     fmt = Fmt(fmt)
     if fmt == Fmt.parquet:
         _fail("--format parquet is for `dpx query` (with --out FILE)")
@@ -499,8 +473,8 @@ def compare(name: str = typer.Argument(..., help="paper table or figure: table2,
             fmt: Fmt = typer.Option(Fmt.table, "--format", help="table | csv | json"),
             workspace: Optional[str] = WS_OPT):
     """Our numbers beside the paper's, with deltas; rows without a run yet are marked."""
-    from dpx.registry import KNOWN_NAMES
-    from dpx.registry import compare as rcompare
+    from dpx.registry import KNOWN_NAMES  # duckdb: only the commands that read results load it
+    from dpx.registry import compare as rcompare  # duckdb: as above
 
     if name not in KNOWN_NAMES:
         _fail(f"compare: unknown table {name!r}; known: {', '.join(KNOWN_NAMES)}")
@@ -508,13 +482,9 @@ def compare(name: str = typer.Argument(..., help="paper table or figure: table2,
         _fail("compare: --format parquet is for `dpx query` (use table, csv or json)")
     ws = _ws(workspace)
     if ws.exists:
-        from .results import refresh_duckdb
-
         db = refresh_duckdb(ws)
     else:  # no runs yet: the paper's numbers alone, every row marked
-        import tempfile
-
-        from dpx.registry import ingest
+        from dpx.registry import ingest  # duckdb: as above
 
         db = Path(tempfile.mkdtemp()) / "empty.duckdb"
         ingest(db, [])
@@ -541,19 +511,15 @@ def report(recipe: str = typer.Argument(..., help="recipe file or name", autocom
            out_html: Optional[str] = typer.Option(None, "--out", help="HTML file (default <workspace>/reports/RECIPE.html)"),
            workspace: Optional[str] = WS_OPT):
     """One self-contained HTML file: the paper's tables and figures beside ours."""
-    from .results import refresh_duckdb
-
     ws = _ws(workspace, must_exist=True)
     if "/" in recipe and not Path(recipe).is_file():  # a path that is no file is not a name either
         _fail(f"{recipe}: not a recipe name, nor a recipe file (pass a recipe file or name)")
     name = _recipe_name(recipe, ws)
-    from .limits import NAME_RE
-
     if out_html is None and not NAME_RE.fullmatch(name):  # it names a file under <workspace>/reports/
         _fail(f"{recipe}: not a recipe name (letters, digits, '_', '.', '-'); pass a recipe file or name")
     db = refresh_duckdb(ws)
-    from dpx.registry import NothingToReport
-    from dpx.registry import report as rreport
+    from dpx.registry import NothingToReport  # duckdb, matplotlib: only `dpx report` loads them
+    from dpx.registry import report as rreport  # as above
 
     path = Path(out_html) if out_html else ws.root / "reports" / f"{name}.html"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -569,7 +535,7 @@ def params(recipe: str = typer.Argument(..., help="recipe file or name", autocom
            overrides: Optional[List[str]] = typer.Argument(None)):
     """Each trial's parameter count and the dimension parameter matching solved for."""
     ex = _expand(recipe, overrides or [])
-    from dpx.models.matching import param_report
+    from dpx.models.matching import param_report  # torch: builds the models to count their parameters
 
     seen: dict[str, dict] = {}
     for t in ex.trials:
@@ -597,8 +563,6 @@ def params(recipe: str = typer.Argument(..., help="recipe file or name", autocom
 @app.command(epilog="Examples:  `dpx sync` · `dpx -w ./dpx_ws sync` (a workspace unpacked from a GPU node)")
 def sync(workspace: Optional[str] = WS_OPT):
     """Ingest finished run dirs into MLflow (what a driver could not log) and DuckDB; idempotent."""
-    from .results import refresh_duckdb, sync_mlflow
-
     ws = _ws(workspace, must_exist=True)
     _need("mlflow", "mlflow")
     n, closed = sync_mlflow(ws)
@@ -611,9 +575,6 @@ def sync(workspace: Optional[str] = WS_OPT):
 def repair(workspace: Optional[str] = WS_OPT):
     """Rebuild the state store from the run dirs after state.db was lost or damaged (completed trials stay done;
     their MLflow runs are found again, not duplicated)."""
-    from .repair import repair_command
-    from .workspace import Workspace
-
     ws = Workspace.resolve(workspace)
     if ws.root.exists() and not ws.root.is_dir():
         _fail(f"{ws.root}: not a folder (--workspace and $DPX_WORKSPACE name a workspace folder)")
@@ -630,8 +591,6 @@ def ui(port: int = typer.Option(5000), host: str = typer.Option("127.0.0.1"), wo
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", ws.mlflow_uri(), "--host", host,
            "--port", str(port), "--workers", "1", "--default-artifact-root", ws.mlflow_artifacts.as_uri()]
-    from .tracking import ui_url
-
     out.print(f"MLflow UI on {ui_url(f'http://{host}:{port}')} (Ctrl-C stops it)")  # opens in model-training view
     os.execvpe(cmd[0], cmd, env)
 
@@ -647,8 +606,6 @@ def server(host: str = typer.Option("127.0.0.1", help="interface to listen on (0
            stop_it: bool = typer.Option(False, "--stop", help="stop the server `--detach` started"),
            workspace: Optional[str] = WS_OPT):
     """Run a lean MLflow tracking server that drivers and workers on other nodes log to by URI."""
-    from . import server as srv
-
     _need("mlflow", "mlflow")
     ws = _ws(workspace).create()
     if stop_it:
@@ -673,8 +630,6 @@ def server(host: str = typer.Option("127.0.0.1", help="interface to listen on (0
         srv.stop(proc.pid)
         tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-2:])[-300:] if log.exists() else ""
         _fail(f"{e}; {log}: {tail}", 1)
-    from .tracking import ui_url
-
     out.print(f"MLflow server up in {took:.1f}s (pid {proc.pid}), store {store}, log {log}; UI {ui_url(uri)}")
     out.print(f"tracking URI: {uri}\n  in a recipe:  tracking: {{mlflow_uri: {uri}}}\n"
               f"  or:           export DPX_MLFLOW_URI={uri}")

@@ -69,7 +69,7 @@ def write_export(path: Path, fmt: str, cols: list[str] | None = None, rows: list
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         if fmt == "parquet":
-            import duckdb
+            import duckdb  # duckdb: only parquet export needs it
 
             con = duckdb.connect(config={"autoinstall_known_extensions": False})  # in memory, our own SQL only
             try:

@@ -91,11 +91,3 @@ class HardwareConfig(_Strict):
             raise ValueError("timeout_min: must be > 0")
         return self
 
-
-class TrackingConfig(_Strict):
-    enabled: bool = True
-    """log to MLflow (run dirs and DuckDB are always written; `dpx sync` can log to MLflow later)"""
-    mlflow_uri: Optional[str] = None
-    """MLflow tracking URI (default: sqlite:///<workspace>/mlflow.db); `dpx server` prints one for clusters"""
-    experiment: Optional[str] = None
-    """MLflow experiment name (default: the recipe name)"""

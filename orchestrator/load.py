@@ -59,7 +59,7 @@ def parse_overrides(items: list[str], file: str) -> Overrides:
             raise RecipeError(f"override {item!r} is not key=value", file)
         try:
             if parser is None:
-                from hydra.core.override_parser.overrides_parser import OverridesParser
+                from hydra.core.override_parser.overrides_parser import OverridesParser  # hydra: ~0.3 s, only with overrides
 
                 parser = OverridesParser.create()
             kind, key, value = _hydra_op(parser, item, file)
@@ -86,7 +86,7 @@ def _plain_op(item: str) -> tuple[str, str, Any]:
 
 
 def _hydra_op(parser, item: str, file: str) -> tuple[str, str, Any]:
-    from hydra.errors import HydraException
+    from hydra.errors import HydraException  # hydra: loaded by parse_overrides already
 
     try:
         (ov,) = parser.parse_overrides([item])

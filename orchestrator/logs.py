@@ -7,13 +7,15 @@ import sys
 import time
 from pathlib import Path
 
+from dpx.rundir import LOG, METRICS
+
 
 class TrialLog:
     """Reads log.txt and metrics.jsonl incrementally (complete lines only)."""
 
     def __init__(self, run_dir: Path):
         self.run_dir = Path(run_dir)
-        self.offsets = {"log.txt": 0, "metrics.jsonl": 0}
+        self.offsets = {LOG: 0, METRICS: 0}
         self.partial_step: tuple[int, dict] | None = None
 
     def _read(self, name: str) -> list[str]:
@@ -31,11 +33,11 @@ class TrialLog:
         return data[: end + 1].decode("utf-8", "replace").splitlines()
 
     def new_lines(self, final: bool = False) -> list[str]:
-        out = self._read("log.txt")
+        out = self._read(LOG)
         steps: dict[int, dict] = {}
         if self.partial_step:
             steps[self.partial_step[0]] = self.partial_step[1]
-        for line in self._read("metrics.jsonl"):
+        for line in self._read(METRICS):
             try:
                 m = json.loads(line)
             except ValueError:

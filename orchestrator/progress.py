@@ -12,7 +12,9 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from .driver import driver_alive
+from dpx.rundir import PROGRESS
+
+from .driver.liveness import driver_alive
 
 
 def _hms(s: float) -> str:
@@ -22,7 +24,7 @@ def _hms(s: float) -> str:
 
 def _progress(run_dir: str) -> tuple[float, str]:
     try:
-        p = json.loads((Path(run_dir) / "progress.json").read_text())
+        p = json.loads((Path(run_dir) / PROGRESS).read_text())
         return float(p.get("fraction", 0)), str(p.get("message", ""))
     except (OSError, ValueError):
         return 0.0, ""

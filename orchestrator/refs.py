@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import RecipeError
+from .limits import read_recipe_text
 
 
 @dataclass
@@ -30,7 +31,7 @@ def _looks_like_file(arg: str) -> bool:
 
 
 def _name_of(path: Path) -> str:
-    from .load import read_recipe
+    from .load import read_recipe  # omegaconf (the recipe loader): only when a recipe file is named
 
     try:
         return str(read_recipe(path).get("name") or path.stem)
@@ -62,8 +63,6 @@ def recipe_file(arg: str, store=None, need_last: bool = True) -> RecipeRef:
     ref = resolve(arg, store, need_last)
     if ref.file is None:
         if Path(arg).exists():  # a folder, a FIFO, a device: say which (limits.read_recipe_text raises)
-            from .limits import read_recipe_text
-
             read_recipe_text(Path(arg), arg)
         if _looks_like_file(arg):
             raise RecipeError("no such recipe file", arg)

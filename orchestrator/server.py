@@ -32,7 +32,7 @@ def check_store(uri: str) -> None:
     if scheme not in ("sqlite", "postgresql", "mysql", "mssql"):
         raise ValueError(f"{uri}: unsupported store {scheme!r} (sqlite or postgresql)")
     try:  # the driver SQLAlchemy will load for this URI (postgresql:// means psycopg 3 since SQLAlchemy 2.1)
-        from sqlalchemy.engine import make_url
+        from sqlalchemy.engine import make_url  # sqlalchemy (with mlflow): only for a database URI
 
         make_url(uri).get_dialect().import_dbapi()
     except ImportError as e:

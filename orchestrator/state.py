@@ -5,6 +5,8 @@ Trial states:  pending → running → completed | failed | cancelled;  failed/c
 A trial is claimed with a conditional UPDATE (`... WHERE status = 'pending'`), so two drivers — two concurrent
 `dpx submit` of one recipe — can never start the same trial. Every write is one short IMMEDIATE transaction with
 a long busy timeout, so concurrent CLIs wait instead of failing with "database is locked".
+
+All SQL on state.db is in this module: the rest of dpx asks a StateStore method.
 """
 from __future__ import annotations
 
@@ -17,7 +19,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from .repair import adopt_finished
+from dpx.rundir import RESULT
+
+from .rundir_state import run_dir_state
 
 STATUSES = ("pending", "running", "completed", "failed", "cancelled")
 # new status -> the states it may come from (set_trial's compare-and-set when no expect_status is given)
@@ -123,7 +127,7 @@ class StateStore:
                      now, now, now))
                 counts["new" if cur.rowcount else "existing"] += 1
                 if cur.rowcount:
-                    adopt_finished(c, recipe, t.trial_id, run_dir_of(t))  # its run dir says completed: never rerun
+                    _adopt_finished(c, recipe, t.trial_id, run_dir_of(t))  # its run dir says completed: never rerun
                     c.execute("INSERT INTO events (time, recipe, trial_id, kind, detail) VALUES (?,?,?,?,?)",
                               (now, recipe, t.trial_id, "created", sub_id))
                 c.execute("INSERT OR IGNORE INTO submission_trials VALUES (?,?,?,?)", (sub_id, recipe, t.trial_id, seq))
@@ -168,6 +172,128 @@ class StateStore:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY s.seq" if submission else " ORDER BY t.created_at, t.trial_id"
         return self.q(sql, tuple(args))
+
+    def trial(self, recipe: str, trial_id: str) -> sqlite3.Row | None:
+        rows = self.q("SELECT * FROM trials WHERE recipe = ? AND trial_id = ?", (recipe, trial_id))
+        return rows[0] if rows else None
+
+    def recipes(self) -> list[str]:
+        """The recipes that have trials, sorted."""
+        return sorted(r[0] for r in self.q("SELECT DISTINCT recipe FROM trials"))
+
+    def trials_by_recipe(self) -> list[sqlite3.Row]:
+        """Every trial, by recipe then creation (what the registry ingests)."""
+        return self.q("SELECT * FROM trials ORDER BY recipe, created_at, trial_id")
+
+    def trial_keys(self) -> list[sqlite3.Row]:
+        """(recipe, trial_id) of every trial, sorted."""
+        return self.q("SELECT recipe, trial_id FROM trials ORDER BY recipe, trial_id")
+
+    def change_mark(self) -> str:
+        """Changes whenever a trial is added or updated: `max(updated_at):count`."""
+        last = self.q("SELECT max(updated_at) AS u, count(*) AS n FROM trials")[0]
+        return f"{last['u']}:{last['n']}"
+
+    def pending_ids(self, submission: str) -> list[str]:
+        """The submission's pending trials, in its grid order (ids only: the driver's light queue query)."""
+        return [r[0] for r in self.q(
+            "SELECT t.trial_id FROM trials t JOIN submission_trials s ON s.recipe = t.recipe AND "
+            "s.trial_id = t.trial_id WHERE s.submission_id = ? AND t.status = 'pending' ORDER BY s.seq",
+            (submission,))]
+
+    def unforwarded(self, recipe: str | None = None) -> list[sqlite3.Row]:
+        """Ended trials whose MLflow run is not complete (mlflow_done = 0), of one recipe or all."""
+        sql = "SELECT * FROM trials WHERE status IN ('completed', 'failed', 'cancelled') AND mlflow_done = 0"
+        return self.q(sql + " AND recipe = ?", (recipe,)) if recipe else self.q(sql)
+
+    def has_open_parent_runs(self) -> bool:
+        """A submission with an MLflow parent run that is not done or cancelled (a parent `dpx sync` may close)."""
+        return bool(self.q("SELECT 1 FROM submissions WHERE mlflow_parent_run_id IS NOT NULL AND "
+                           "state NOT IN ('done', 'cancelled') LIMIT 1"))
+
+    def cancel_pending(self, recipe: str, submission: str | None = None) -> int:
+        """Cancel the recipe's pending trials (only those of `submission` when given); returns how many. The one
+        pending-trial cancel: `dpx cancel` with no live driver, the driver's cancel, a waiting driver's cancel."""
+        sql = "UPDATE trials SET status = 'cancelled', error = 'cancelled by user', updated_at = ? " \
+              "WHERE recipe = ? AND status = 'pending'"
+        args: tuple = (time.time(), recipe)
+        if submission is not None:
+            sql += " AND trial_id IN (SELECT trial_id FROM submission_trials WHERE submission_id = ?)"
+            args += (submission,)
+        with self.tx() as c:
+            return c.execute(sql, args).rowcount
+
+    def take_over(self, row: sqlite3.Row, owner: str) -> bool:
+        """Make `owner` the owner of a running trial, only if nobody (no driver) took it since `row` was read."""
+        with self.tx() as c:
+            return c.execute("UPDATE trials SET owner = ?, updated_at = ? WHERE recipe = ? AND trial_id = ? AND "
+                             "status = 'running' AND owner IS ? AND attempts = ?",
+                             (owner, time.time(), row["recipe"], row["trial_id"], row["owner"],
+                              row["attempts"])).rowcount > 0
+
+    # ---- one driver per recipe (turns.py) -------------------------------------------------------------------
+    def hand_over(self, from_sub: str, to_sub: str) -> int:
+        """Put `from_sub`'s pending trials into `to_sub`'s queue (after its own); returns how many were added."""
+        with self.tx() as c:
+            recipe = c.execute("SELECT recipe FROM submissions WHERE id = ?", (from_sub,)).fetchone()[0]
+            top = c.execute("SELECT coalesce(max(seq), -1) FROM submission_trials WHERE submission_id = ?",
+                            (to_sub,)).fetchone()[0]
+            rows = c.execute(
+                "SELECT s.trial_id FROM submission_trials s JOIN trials t ON t.recipe = s.recipe AND t.trial_id = "
+                "s.trial_id WHERE s.submission_id = ? AND t.status = 'pending' AND s.trial_id NOT IN "
+                "(SELECT trial_id FROM submission_trials WHERE submission_id = ?) ORDER BY s.seq",
+                (from_sub, to_sub)).fetchall()
+            for i, (tid,) in enumerate(rows):
+                c.execute("INSERT OR IGNORE INTO submission_trials VALUES (?,?,?,?)", (to_sub, recipe, tid, top + 1 + i))
+            return len(rows)
+
+    def finish_if_nothing_left(self, sub_id: str) -> bool:
+        """A `starting` submission none of whose trials is pending or running ends `done`; True when it did."""
+        with self.tx() as c:
+            left = c.execute("SELECT count(*) FROM submission_trials s JOIN trials t ON t.recipe = s.recipe AND "
+                             "t.trial_id = s.trial_id WHERE s.submission_id = ? AND t.status IN ('pending', 'running')",
+                             (sub_id,)).fetchone()[0]
+            if left:
+                return False
+            return c.execute("UPDATE submissions SET state = 'done', ended_at = ? WHERE id = ? AND state = 'starting'",
+                             (time.time(), sub_id)).rowcount > 0
+
+    # ---- `dpx repair` -------------------------------------------------------------------------------------
+    def restore(self, found: list[tuple[str, str, Path, dict, dict]], stamp: str) -> dict[str, int]:
+        """Add the trials of run dirs the store lacks, `found` = [(recipe, trial_id, run_dir, config, state)] with
+        state from rundir_state.run_dir_state, one finished `repair-<stamp>-<recipe>` submission per recipe holding
+        them; mark completed the pending ones whose run dir holds their result. Returns counts by outcome."""
+        stats = {"added": 0, "completed": 0, "failed": 0, "running": 0, "pending": 0, "fixed": 0}
+        now = time.time()
+        with self.tx() as c:
+            seqs: dict[str, int] = {}
+            for recipe, tid, d, cfg, st in found:
+                sub_id = f"repair-{stamp}-{recipe}"
+                cur = c.execute(
+                    "INSERT OR IGNORE INTO trials (recipe, trial_id, status, attempts, config, point, run_dir, "
+                    "submission_id, created_at, queued_at, started_at, ended_at, error, host, pid, mlflow_done, "
+                    "updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,0,?)",
+                    (recipe, tid, st["status"], st["attempts"], json.dumps(cfg), json.dumps({"seed": cfg.get("seed")}),
+                     str(d), sub_id, now, now, st["started_at"], st["ended_at"], st["error"], st["host"], st["pid"],
+                     now))
+                if cur.rowcount:
+                    stats["added"] += 1
+                    stats[st["status"]] += 1
+                    seq = seqs.get(recipe, 0)
+                    seqs[recipe] = seq + 1
+                    c.execute("INSERT OR IGNORE INTO submission_trials VALUES (?,?,?,?)", (sub_id, recipe, tid, seq))
+                    self._event(c, recipe, tid, "repaired", st["status"], now)
+                elif st["status"] == "completed":
+                    n = c.execute("UPDATE trials SET status = 'completed', attempts = max(attempts, ?), started_at = ?, "
+                                  "ended_at = ?, error = NULL, mlflow_done = 0, updated_at = ? WHERE recipe = ? AND "
+                                  "trial_id = ? AND status = 'pending'",
+                                  (st["attempts"], st["started_at"], st["ended_at"], now, recipe, tid)).rowcount
+                    stats["fixed"] += n
+            for recipe, n in seqs.items():  # one finished submission per recipe holds the rebuilt trials
+                c.execute("INSERT INTO submissions (id, recipe, file, overrides, created_at, backend, n_trials, state, "
+                          "ended_at) VALUES (?,?,?,?,?,?,?, 'done', ?)",
+                          (f"repair-{stamp}-{recipe}", recipe, "", "[]", now, "repair", n, now))
+        return stats
 
     def find_trial(self, prefix: str) -> list[sqlite3.Row]:
         return self.q("SELECT * FROM trials WHERE trial_id LIKE ? ORDER BY recipe", (prefix + "%",))
@@ -228,25 +354,53 @@ class StateStore:
         return self.q("SELECT * FROM events WHERE recipe = ? AND trial_id = ? ORDER BY id", (recipe, trial_id))
 
     @staticmethod
-    def _event(c: sqlite3.Connection, recipe: str, trial_id: str, kind: str, detail: str) -> None:
+    def _event(c: sqlite3.Connection, recipe: str, trial_id: str, kind: str, detail: str,
+               at: float | None = None) -> None:
         c.execute("INSERT INTO events (time, recipe, trial_id, kind, detail) VALUES (?,?,?,?,?)",
-                  (time.time(), recipe, trial_id, kind, detail))
+                  (time.time() if at is None else at, recipe, trial_id, kind, detail))
 
 
-def pid_alive(pid: int | None, host: str | None = None) -> bool:
-    """Whether a process of ours is alive (only decidable on its own host; elsewhere assume alive)."""
-    if not pid:
+def _adopt_finished(c: sqlite3.Connection, recipe: str, trial_id: str, run_dir: Path) -> bool:
+    """A trial just added as pending whose run dir already holds its completed result (the store was lost or
+    replaced): mark it completed so no driver runs it again. One stat for a trial that never ran."""
+    if not os.path.exists(os.path.join(str(run_dir), RESULT)):
         return False
-    if host and host != socket.gethostname():
-        return True
+    st = run_dir_state(Path(run_dir), trial_id)
+    if st["status"] != "completed":
+        return False
+    c.execute("UPDATE trials SET status = 'completed', attempts = ?, started_at = ?, ended_at = ?, host = ?, "
+              "mlflow_done = 0 WHERE recipe = ? AND trial_id = ? AND status = 'pending'",
+              (st["attempts"], st["started_at"], st["ended_at"], st["host"], recipe, trial_id))
+    return True
+
+
+def file_id(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of a file, None when it is gone: a driver notices its state.db deleted or replaced."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is dead for our purposes
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
+        st = os.stat(path)
     except OSError:
-        return True
+        return None
+    return st.st_dev, st.st_ino
+
+
+def file_damage(path: Path) -> str | None:
+    """What SQLite says is wrong with the file at `path` (a store file that exists), in a few words, or None when
+    it reads (locked or busy: a writer holds it, which is not damage)."""
+    try:
+        # read-write but reading only: as the last connection it removes the -wal/-shm files on close (a read-only
+        # one would leave them behind), and a live driver's WAL is read, not replayed by us
+        con = sqlite3.connect(str(path), timeout=60)
+        try:
+            ok = con.execute("PRAGMA quick_check(1)").fetchone()[0]
+            if ok != "ok":
+                return f"damaged ({ok[:80]})"
+            con.execute("SELECT count(*) FROM trials").fetchone()
+        finally:
+            con.close()
+    except sqlite3.DatabaseError as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if "locked" in msg or "busy" in msg:
+            return None
+        return f"damaged ({msg})"
+    return None
+

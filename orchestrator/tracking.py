@@ -9,15 +9,20 @@ idempotent because every point carries the timestamp written in metrics.jsonl an
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import queue
+import sqlite3
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from dpx.rundir import read_json
+from dpx.rundir import FIGURES, METRICS, RESULT, read_json
+
+from .load import read_recipe
+from .state import StateStore
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
@@ -85,8 +90,8 @@ def trial_params(config: dict) -> dict[str, str]:
 
 class Tracker:
     def __init__(self, uri: str, artifact_root: Path | None = None):
-        import mlflow  # noqa: F401  (heavy: imported only by drivers and the CLI)
-        from mlflow.tracking import MlflowClient
+        import mlflow  # noqa: F401  mlflow: an extra and ~1 s to import; only a Tracker made loads it
+        from mlflow.tracking import MlflowClient  # mlflow: as above
 
         self.uri = uri
         self.client = MlflowClient(tracking_uri=uri)
@@ -114,8 +119,6 @@ class Tracker:
         if not file:
             return
         try:
-            from .load import read_recipe
-
             desc = str(read_recipe(file).get("description") or "").strip()
         except Exception:  # noqa: BLE001 — the file moved or broke since the submission: keep the old note
             return
@@ -156,7 +159,7 @@ class Tracker:
 
         `row` is the trial's state row (recipe, trial_id, config, run_dir, status, error, mlflow_run_id,
         mlflow_offset, started_at, ended_at)."""
-        from mlflow.entities import Metric, Param, RunTag
+        from mlflow.entities import Metric, Param, RunTag  # mlflow: loaded by the Tracker already
 
         run_dir = Path(row["run_dir"])
         run_id, offset = row.get("mlflow_run_id"), int(row.get("mlflow_offset") or 0)
@@ -183,7 +186,7 @@ class Tracker:
         metrics, offset = read_metrics(run_dir, offset)
         tags_: list = []
         if final:
-            res = read_json(run_dir / "result.json")
+            res = read_json(run_dir / RESULT)
             if res and row["status"] == "completed":
                 ts = int(float(res.get("ended_at") or 0) * 1000)
                 metrics += [Metric(f"final/{k}", float(v), ts, 0) for k, v in (res.get("metrics") or {}).items()
@@ -199,7 +202,7 @@ class Tracker:
             t, tags_ = tags_[:100], tags_[100:]
             self.client.log_batch(run_id, metrics=m, params=p, tags=t)
         if final:
-            figs = run_dir / "figures"
+            figs = run_dir / FIGURES
             if figs.is_dir() and any(figs.iterdir()):
                 self.client.log_artifacts(run_id, str(figs), "figures")
             end = int(1000 * (row.get("ended_at") or 0)) or None
@@ -215,9 +218,9 @@ class Tracker:
 
 def read_metrics(run_dir: Path, offset: int) -> tuple[list, int]:
     """Metrics of metrics.jsonl after byte `offset`, complete lines only; returns (metrics, new offset)."""
-    from mlflow.entities import Metric
+    from mlflow.entities import Metric  # mlflow: loaded by the Tracker already
 
-    path = Path(run_dir) / "metrics.jsonl"
+    path = Path(run_dir) / METRICS
     if not path.exists():
         return [], offset
     with open(path, "rb") as f:
@@ -248,8 +251,6 @@ class Forwarder(threading.Thread):
 
     def __init__(self, tracker: Tracker, state_path: Path, recipe: str, experiment_id: str, parent_run_id: str):
         super().__init__(daemon=True, name="dpx-mlflow")
-        from .state import StateStore
-
         self.tracker, self.recipe = tracker, recipe
         self.exp_id, self.parent_id = experiment_id, parent_run_id
         self.store = StateStore(state_path)
@@ -263,10 +264,10 @@ class Forwarder(threading.Thread):
             if item is None:
                 return
             kind, tid = item
-            rows = self.store.q("SELECT * FROM trials WHERE recipe = ? AND trial_id = ?", (self.recipe, tid))
-            if not rows:
+            found = self.store.trial(self.recipe, tid)
+            if found is None:
                 continue
-            row = dict(rows[0])
+            row = dict(found)
             if kind == "restart":  # a new attempt continues the trial's MLflow run, under this driver's parent
                 if row["mlflow_run_id"]:
                     try:
@@ -297,8 +298,6 @@ class Forwarder(threading.Thread):
 def mlflow_lock(root: Path):
     """An exclusive file lock around MLflow store set-up: two drivers creating a fresh SQLite schema at once is
     a known MLflow failure."""
-    import fcntl
-
     f = open(Path(root) / ".mlflow.lock", "w")
     fcntl.flock(f, fcntl.LOCK_EX)
     return f
@@ -308,8 +307,6 @@ def enable_wal(uri: str) -> None:
     """Switch a SQLite MLflow store to WAL (persistent in the file): ~40% cheaper commits, readers don't block."""
     if not uri.startswith("sqlite:///"):
         return
-    import sqlite3
-
     try:
         con = sqlite3.connect(uri[len("sqlite:///"):], timeout=60)
         con.execute("PRAGMA journal_mode=WAL")

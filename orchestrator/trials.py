@@ -16,11 +16,18 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
+from dpx.models.config import ModelConfig
+from dpx.tasks import TASKS
+from dpx.tasks.training.config import EvalConfig, TrainConfig
+
 from .errors import RecipeError, did_you_mean
 from .grid import expand_grid, set_dotted
-from .hardware import HardwareConfig, TrackingConfig
+from .hardware import HardwareConfig
 from .identity import canonical_json, section_hash, trial_id
 from .load import load_recipe
+from .tracking_config import TrackingConfig
+from .trial.plugins import NO_MODEL
+from .trial.plugins import load as load_plugins
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -184,8 +191,6 @@ class _SectionValidator:
         key = ("cross", canonical_json(out["task"]), canonical_json(out["model"]))
         if key in self.cache:
             return
-        from dpx.tasks import TASKS
-
         cls = TASKS[task_name].config_cls()
         check = getattr(cls, "check_model", None)
         if check is not None:
@@ -208,8 +213,6 @@ class _SectionValidator:
                     raise RecipeError("this task trains a model: add a `model:` section", self.file, "model")
                 return None
             return _validate_dc(_model_cls(), value, self.file, "model")
-        from dpx.tasks.training.config import EvalConfig, TrainConfig
-
         return _validate_dc(TrainConfig if section == "train" else EvalConfig, value, self.file, section)
 
 
@@ -219,14 +222,10 @@ def _non_default(section: str, value: Any, task_name: str | None) -> Any:
     if not isinstance(value, dict):
         return value
     if section == "task":
-        from dpx.tasks import TASKS
-
         cls = TASKS[task_name].config_cls()
     elif section == "model":
         cls = _model_cls()
     else:
-        from dpx.tasks.training.config import EvalConfig, TrainConfig
-
         cls = TrainConfig if section == "train" else EvalConfig
     defaults = _default_json(cls)
     return {k: v for k, v in value.items() if k == "name" or defaults.get(k) != _norm(v)}
@@ -259,16 +258,10 @@ def _fmt_point(point: dict) -> str:
 
 
 def _task_needs_model(name: str | None) -> bool:
-    from .plugins import NO_MODEL
-
     return name not in ("debug",) and name not in NO_MODEL
 
 
 def _task_cls(name: Any, file: str) -> type:
-    from dpx.tasks import TASKS
-
-    from .plugins import load as load_plugins
-
     load_plugins()  # tasks other packages add through the `dpx.tasks` entry-point group
 
     if not name:
@@ -283,8 +276,6 @@ def _task_cls(name: Any, file: str) -> type:
 
 
 def _model_cls() -> type:
-    from dpx.models.config import ModelConfig
-
     return ModelConfig
 
 

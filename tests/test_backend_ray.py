@@ -83,7 +83,7 @@ def ray_head():
 
 
 def wait_done(ws: Path, recipe: str, timeout: float = 180) -> list[dict]:
-    from dpx.orchestrator.driver import driver_alive
+    from dpx.orchestrator.driver.liveness import driver_alive
     from dpx.orchestrator.state import StateStore
 
     store = StateStore(ws / "state.db")
@@ -103,7 +103,7 @@ def runner_of(run_dir: Path, timeout: float = 120) -> psutil.Process:
     while time.time() < deadline:
         for p in psutil.process_iter(["cmdline"]):
             cmd = p.info["cmdline"] or []
-            if "dpx.orchestrator.runner" in cmd and str(run_dir) in cmd:
+            if "dpx.orchestrator.trial.runner" in cmd and str(run_dir) in cmd:
                 return p
         time.sleep(0.2)
     raise AssertionError(f"no runner process for {run_dir}")

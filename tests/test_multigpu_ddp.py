@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dpx.orchestrator.distributed import SAFE_ENV, nproc_per_trial
+from dpx.orchestrator.trial.ranks import SAFE_ENV, nproc_per_trial
 
 MODEL = {"family": "deltaproduct", "hidden_size": 32, "num_layers": 1, "num_heads": 2, "head_dim": 8,
          "num_householder": 2, "beta_range": [-1, 1], "vocab_size": 32000}
@@ -37,7 +37,7 @@ def trial(run_dir: Path, nproc: int, steps: int = 8, micro: int = 2, **task) -> 
 def start(run_dir: Path, attempt: int = 1) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "WORLD_SIZE", *SAFE_ENV)}
     log = open(run_dir / "log.txt", "ab")
-    return subprocess.Popen([sys.executable, "-m", "dpx.orchestrator.runner", str(run_dir), "--attempt",
+    return subprocess.Popen([sys.executable, "-m", "dpx.orchestrator.trial.runner", str(run_dir), "--attempt",
                              str(attempt)], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=run_dir,
                             start_new_session=True)
 

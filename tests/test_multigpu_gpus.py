@@ -28,7 +28,7 @@ def submit_watching_envs(recipe: Path, ws: Path, env: dict, timeout: float) -> t
     while p.poll() is None and time.time() < deadline:
         for q in psutil.process_iter(["cmdline"]):
             cmd = q.info["cmdline"] or []
-            if q.pid not in envs and "dpx.orchestrator.runner" in cmd and any(str(ws) in c for c in cmd):
+            if q.pid not in envs and "dpx.orchestrator.trial.runner" in cmd and any(str(ws) in c for c in cmd):
                 try:
                     envs[q.pid] = q.environ()
                 except psutil.Error:

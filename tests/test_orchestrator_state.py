@@ -5,7 +5,8 @@ import multiprocessing as mp
 import time
 from dataclasses import dataclass, field
 
-from dpx.orchestrator.state import StateStore, pid_alive
+from dpx.orchestrator.state import StateStore
+from dpx.orchestrator.trial.worker import pid_alive
 
 
 @dataclass

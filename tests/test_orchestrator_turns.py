@@ -1,11 +1,11 @@
-"""One driver per recipe (orchestrator/turns.py) on a real state store: who waits for whom, what is handed over."""
+"""One driver per recipe (orchestrator/driver/turns.py) on a real state store: who waits for whom, what is handed over."""
 from __future__ import annotations
 
 import os
 import socket
 import time
 
-from dpx.orchestrator import turns
+from dpx.orchestrator.driver import turns
 from dpx.orchestrator.state import StateStore
 from dpx.orchestrator.trials import expand
 

@@ -11,7 +11,7 @@ import pytest
 from dpx.registry import compare, ingest, keys
 from dpx.registry.comparison import NO_RUN, OURS_ONLY
 from dpx.registry.reference import KNOWN, load_table
-from test_registry_fixtures import dp, make_trial
+from registry_fixtures import dp, make_trial
 
 NOTES = Path("/work/shared/seeds/000_0e9fddefe8f58cba.txt")
 

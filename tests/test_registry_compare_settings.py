@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dpx.registry import compare, ingest, keys
 from dpx.registry.comparison import DIFFERS
-from test_registry_fixtures import dp, make_trial
+from registry_fixtures import dp, make_trial
 
 
 def _fig5_trials(tmp_path, train_len, steps):

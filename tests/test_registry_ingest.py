@@ -15,7 +15,7 @@ import duckdb
 import pytest
 
 from dpx.registry import ingest, query
-from test_registry_fixtures import dp, make_trial
+from registry_fixtures import dp, make_trial
 
 
 def _snapshot(root: Path) -> dict:
@@ -273,3 +273,15 @@ def test_is_current_tells_when_to_rebuild(tmp_path):
     assert not is_current(db)
     (tmp_path / "junk.duckdb").write_bytes(b"not a database")
     assert not is_current(tmp_path / "junk.duckdb")
+
+
+def test_make_trial_writes_the_run_dir_format(tmp_path):
+    """The helper (registry_fixtures.py) writes what the real writers write."""
+    t = make_trial(tmp_path, "r", "t1", dp(2), summary={"x": 1.5}, scalars={0: {"loss": 2.0}},
+                   curves={"acc_at_pos": ([1, 2], [1.0, 0.5])}, figure=True)
+    d = Path(t["run_dir"])
+    lines = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+    assert [(x["key"], x["kind"]) for x in lines] == [("loss", "scalar"), ("acc_at_pos", "curve"),
+                                                      ("acc_at_pos", "curve")]
+    assert json.loads((d / "result.json").read_text())["metrics"] == {"x": 1.5}
+    assert (d / "figures" / "loss_curve.png").stat().st_size > 100

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from dpx.registry import NothingToReport, ingest, keys, plots, report
-from test_registry_fixtures import dp, make_trial
+from registry_fixtures import dp, make_trial
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.collections import PolyCollection  # noqa: E402
 
 from dpx.registry import ingest, keys, plots, report  # noqa: E402
-from test_registry_fixtures import dp, make_trial  # noqa: E402
+from registry_fixtures import dp, make_trial  # noqa: E402
 
 
 def _state_tracking_db(root):

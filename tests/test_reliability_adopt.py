@@ -20,7 +20,7 @@ from test_reliability_faults import (  # noqa: F401  (mlflow_template: the sessi
 
 
 def test_started_but_unrecorded_trials_are_adopted_not_lost(tmp_path, dpx):
-    from dpx.orchestrator.driver import write_run_dir
+    from dpx.orchestrator.driver.attempts import write_run_dir
 
     recipe = tmp_path / "adopt.yaml"
     recipe.write_text("name: adopt\ntask: {name: debug, steps: 4, sleep_s: 4.0}\ntracking: {enabled: false}\n"
@@ -34,7 +34,7 @@ def test_started_but_unrecorded_trials_are_adopted_not_lost(tmp_path, dpx):
         write_run_dir(d, json.loads(row["config"]))
         with open(d / "log.txt", "ab") as log:  # what the local backend does, up to the spawn...
             log.write(f"\n===== attempt 1 {time.strftime('%Y-%m-%d %H:%M:%S')} =====\n".encode())
-            cmd = [sys.executable, "-m", "dpx.orchestrator.runner", str(d), "--attempt", "1"]
+            cmd = [sys.executable, "-m", "dpx.orchestrator.trial.runner", str(d), "--attempt", "1"]
             if delay:
                 cmd = ["sh", "-c", f'sleep {delay}; exec "$@"', "sh", *cmd]
             procs[tid] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=d, start_new_session=True,

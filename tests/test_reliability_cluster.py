@@ -47,7 +47,7 @@ def runners_below(procs: list[psutil.Process]) -> list[str]:
             cmd = p.cmdline()
         except psutil.Error:
             continue
-        if "dpx.orchestrator.runner" in cmd:
+        if "dpx.orchestrator.trial.runner" in cmd:
             out += [c for c in cmd if "/runs/" in c]
     return out
 

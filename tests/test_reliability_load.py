@@ -38,7 +38,7 @@ def test_thousand_trials_exactly_thousand_rows(tmp_path, dpx, mlflow_template): 
         d.mkdir(parents=True)
         shutil.copy(Path(v["run_dir"]) / "config.json", d / "config.json")
         s0 = time.time()
-        subprocess.run([sys.executable, "-m", "dpx.orchestrator.runner", str(d)], check=True, capture_output=True)
+        subprocess.run([sys.executable, "-m", "dpx.orchestrator.trial.runner", str(d)], check=True, capture_output=True)
         bare.append(time.time() - s0)
     per = sorted(bare)[len(bare) // 2]
     print(f"[load] driver closed at {closed:.1f} s; bare runner process {per:.2f} s median; "

@@ -43,7 +43,7 @@ tracking: {enabled: false}
     before = rows_of(ws, "ss")
     assert all(before[t]["status"] == "running" for t in (ok, bad, slow))  # what the dead driver left
 
-    from dpx.orchestrator.orphans import refresh_orphans
+    from dpx.orchestrator.driver.adoption import refresh_orphans
 
     n, notes = refresh_orphans(StateStore(ws / "state.db"), "ss", timeout_s=1e-3)  # squeue cannot answer in 1 ms
     assert n == 0 and len(notes) == 1 and "did not answer" in notes[0], notes

@@ -306,7 +306,7 @@ def test_state_db_deleted_under_a_live_driver(tmp_path, dpx):
     on writing into the deleted file, re-ran completed trials and died); its trials run on. The next command
     rebuilds the store from the run dirs, `dpx submit` adopts the running trials and runs the rest: every trial
     completes and ran exactly once."""
-    from dpx.orchestrator.state import pid_alive
+    from dpx.orchestrator.trial.worker import pid_alive
     from test_reliability_faults import wait_for
 
     ws = tmp_path / "ws"

@@ -1,36 +1,25 @@
-"""Backends run trials somewhere: `local` (process pool here), `ray`, `slurm`. One small interface (base.py)."""
+"""Backends run trials somewhere: `local` (process pool here), `ray`, `slurm`. One small interface (base.py).
+Each module imports its cluster package (ray, submitit) only when a recipe uses it."""
 from __future__ import annotations
 
 from .base import Backend, Launch, Outcome
+from .local import LocalBackend
+from .ray import RayBackend
+from .slurm import SlurmBackend
+
+BACKENDS = {"local": LocalBackend, "ray": RayBackend, "slurm": SlurmBackend}
 
 
 def make_backend(hardware: dict, workspace) -> Backend:
     name = hardware.get("backend", "local")
-    if name == "local":
-        from .local import LocalBackend
-
-        return LocalBackend(hardware, workspace)
-    if name == "ray":
-        from .ray import RayBackend
-
-        return RayBackend(hardware, workspace)
-    if name == "slurm":
-        from .slurm import SlurmBackend
-
-        return SlurmBackend(hardware, workspace)
-    raise ValueError(f"hardware.backend: unknown backend {name!r}")
+    if name not in BACKENDS:
+        raise ValueError(f"hardware.backend: unknown backend {name!r}")
+    return BACKENDS[name](hardware, workspace)
 
 
 def check_backend(hardware: dict, workspace) -> None:
     """Submit-time checks (reachable cluster, partition exists, enough GPUs): raise RecipeError, queue nothing."""
-    name = hardware.get("backend", "local")
-    if name == "local":
-        from .local import LocalBackend as cls
-    elif name == "ray":
-        from .ray import RayBackend as cls
-    else:
-        from .slurm import SlurmBackend as cls
-    cls.check(hardware, workspace)
+    BACKENDS.get(hardware.get("backend", "local"), SlurmBackend).check(hardware, workspace)
 
 
 __all__ = ["Backend", "Launch", "Outcome", "make_backend", "check_backend"]

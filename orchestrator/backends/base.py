@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+RUNNER = "dpx.orchestrator.trial.runner"  # `python -m RUNNER RUN_DIR --attempt N`: what every backend launches
+
 
 @dataclass
 class Launch:
@@ -20,7 +22,7 @@ class Launch:
     env: dict = field(default_factory=dict)
 
     def command(self, python: str = sys.executable) -> list[str]:
-        return [python, "-m", "dpx.orchestrator.runner", str(self.run_dir), "--attempt", str(self.attempt)]
+        return [python, "-m", RUNNER, str(self.run_dir), "--attempt", str(self.attempt)]
 
 
 @dataclass

@@ -9,15 +9,20 @@ from __future__ import annotations
 import json
 import math
 import os
+import queue
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
-from ..distributed import set_safe_env
-from ..state import pid_alive
+from dpx.rundir import LOG
+
+from ..errors import RecipeError
+from ..trial.ranks import set_safe_env
+from ..trial.worker import pid_alive
 from .base import Backend, Launch, Outcome
 
 
@@ -59,8 +64,6 @@ class LocalBackend(Backend):
 
     @classmethod
     def check(cls, hardware: dict, workspace) -> None:
-        from ..errors import RecipeError
-
         need = float(hardware.get("gpus_per_trial") or 0)
         if need > 0:
             have = len(visible_gpus())
@@ -86,7 +89,7 @@ class LocalBackend(Backend):
             1, int(float(launch.config.get("hardware", {}).get("cpus_per_trial") or 1)))
         env.setdefault("OMP_NUM_THREADS", str(threads))
         set_safe_env(env)  # NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1: no NVLink multicast
-        log_path = Path(launch.run_dir) / "log.txt"
+        log_path = Path(launch.run_dir) / LOG
         with open(log_path, "ab") as log:
             log.write(f"\n===== attempt {launch.attempt} {time.strftime('%Y-%m-%d %H:%M:%S')} =====\n".encode())
         key = (launch.recipe, launch.trial_id)
@@ -168,13 +171,10 @@ class LocalBackend(Backend):
 
 
 class ForkServer:
-    """Client side of forkserver.py: a child process that forks trial attempts on request."""
+    """Client side of trial/forkserver.py: a child process that forks trial attempts on request."""
 
     def __init__(self):
-        import queue
-        import threading
-
-        self.proc = subprocess.Popen([sys.executable, "-m", "dpx.orchestrator.backends.forkserver"],
+        self.proc = subprocess.Popen([sys.executable, "-m", "dpx.orchestrator.trial.forkserver"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, text=True,
                                      bufsize=1, start_new_session=True)
         self.replies: "queue.Queue[dict]" = queue.Queue()
@@ -207,8 +207,6 @@ class ForkServer:
         return self.proc.poll() is None
 
     def spawn(self, run_dir: str, attempt: int, env: dict, log: str, timeout: float = 60) -> int | None:
-        import queue
-
         self.n += 1
         try:
             self._wait_ready()

@@ -16,16 +16,20 @@ the result channel; the actor only returns the exit code.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
-from ..distributed import set_safe_env
+from dpx.rundir import LOG
+
 from ..errors import RecipeError
+from ..trial.ranks import set_safe_env
 from .base import Backend, Launch, Outcome
 from .local import visible_gpus
 
@@ -37,8 +41,6 @@ NAMESPACE = "dpx"  # trial actors are named dpx/<recipe>/<trial_id>/<attempt> in
 def _die_with_parent() -> None:
     """preexec_fn: the trial gets SIGKILL when the Ray worker that started it dies (Linux)."""
     try:
-        import ctypes
-
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
         pass
@@ -52,8 +54,6 @@ class TrialActor:
     ends when the driver kills it after reading the outcome."""
 
     def __init__(self):
-        import threading
-
         self.proc: subprocess.Popen | None = None
         self.code: int | None = None
         self.ended = threading.Event()
@@ -61,7 +61,7 @@ class TrialActor:
     def run(self, cmd_tail: list[str], run_dir: str, env: dict, attempt: int) -> int:
         cmd = [sys.executable, *cmd_tail]  # the worker's own python: nodes may install the venv elsewhere
         try:
-            with open(Path(run_dir) / "log.txt", "ab") as log:
+            with open(Path(run_dir) / LOG, "ab") as log:
                 log.write(f"\n===== attempt {attempt} {time.strftime('%Y-%m-%d %H:%M:%S')} on "
                           f"{socket.gethostname()} (ray worker pid {os.getpid()}) =====\n".encode())
                 log.flush()
@@ -74,8 +74,6 @@ class TrialActor:
             return code
         finally:
             self.ended.set()
-            import threading
-
             # a detached actor nobody reads (its driver died and no `dpx submit` came back) would hold its CPUs and
             # GPUs forever: leave after a while; the run dir still tells a later driver how the attempt ended
             threading.Thread(target=_exit_after, args=(float(os.environ.get("DPX_RAY_LINGER_S", "300")),),
@@ -122,7 +120,7 @@ def resolve_address(address: str | None) -> str:
         return "local"
     if address == "auto":
         try:
-            from ray._private.services import canonicalize_bootstrap_address
+            from ray._private.services import canonicalize_bootstrap_address  # ray: an extra (hardware.backend: ray)
 
             found = canonicalize_bootstrap_address("auto")
         except Exception:  # noqa: BLE001 — Ray raises ConnectionError when it finds nothing
@@ -184,7 +182,7 @@ class RayBackend(Backend):
     name = "ray"
 
     def __init__(self, hardware: dict, workspace):
-        import ray
+        import ray  # ray: an extra, loaded only when a recipe uses this backend
 
         self.ray = ray
         self.hw = hardware
@@ -226,7 +224,7 @@ class RayBackend(Backend):
             _fits(hardware, cpus, gpus, "the local Ray instance (hardware.ray.num_cpus/num_gpus)")
             return
         _reachable(address)
-        import ray
+        import ray  # ray: an extra, loaded only when a recipe uses this backend
 
         try:  # connecting to a live cluster takes about a second; it tells us what the cluster has
             _connect(ray, address, log_to_driver=False, configure_logging=False)

@@ -13,6 +13,7 @@ trials a driver round starts in one sbatch call (chunks of 1000), `array_paralle
 """
 from __future__ import annotations
 
+import ctypes
 import math
 import os
 import re
@@ -24,9 +25,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..distributed import set_safe_env
+from dpx.rundir import LOG
+
+from ..driver.liveness import driver_alive
 from ..errors import RecipeError, did_you_mean
-from .base import Backend, Launch, Outcome
+from ..trial.ranks import set_safe_env
+from .base import RUNNER, Backend, Launch, Outcome
 
 QUEUED = "slurm:queued"  # handle of a trial started this round but not yet in an sbatch call (flush)
 ALIVE = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED", "COMPLETING",
@@ -41,8 +45,6 @@ def _die_with_parent() -> None:
     when the submitit process dies."""
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     try:
-        import ctypes
-
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
         pass
@@ -56,11 +58,11 @@ class SlurmTrial:
         self.proc: subprocess.Popen | None = None
 
     def __call__(self, run_dir: str, attempt: int, env: dict) -> int:
-        cmd = [sys.executable, "-m", "dpx.orchestrator.runner", run_dir, "--attempt", str(attempt)]
+        cmd = [sys.executable, "-m", RUNNER, run_dir, "--attempt", str(attempt)]
         job = os.environ.get("SLURM_ARRAY_JOB_ID", os.environ.get("SLURM_JOB_ID", "?"))
         if "SLURM_ARRAY_TASK_ID" in os.environ:
             job += "_" + os.environ["SLURM_ARRAY_TASK_ID"]
-        with open(Path(run_dir) / "log.txt", "ab") as log:
+        with open(Path(run_dir) / LOG, "ab") as log:
             log.write(f"\n===== attempt {attempt} {time.strftime('%Y-%m-%d %H:%M:%S')} on "
                       f"{os.uname().nodename} (slurm job {job}, restart "
                       f"{os.environ.get('SLURM_RESTART_COUNT', '0')}) =====\n".encode())
@@ -91,7 +93,7 @@ class SlurmTrial:
 
     def checkpoint(self, run_dir: str, attempt: int, env: dict):
         """submitit's preemption/timeout hook: let the trial save its checkpoint, then requeue the same call."""
-        import submitit
+        import submitit  # submitit: an extra, loaded only when a recipe uses this backend
 
         self._stop()
         return submitit.helpers.DelayedSubmission(SlurmTrial(self.grace_s), run_dir, attempt, env)
@@ -145,7 +147,7 @@ class SlurmBackend(Backend):
     name = "slurm"
 
     def __init__(self, hardware: dict, workspace):
-        import submitit
+        import submitit  # submitit: an extra, loaded only when a recipe uses this backend
 
         self.hw = hardware
         s = hardware.get("slurm") or {}
@@ -194,7 +196,7 @@ class SlurmBackend(Backend):
     @staticmethod
     def _test_only(hardware: dict) -> None:
         """`sbatch --test-only` on the script submitit would write: memory, time, extra options, account, qos."""
-        from submitit.slurm.slurm import _make_sbatch_string
+        from submitit.slurm.slurm import _make_sbatch_string  # submitit: an extra (hardware.backend: slurm)
 
         with tempfile.TemporaryDirectory(prefix="dpx-sbatch-") as tmp:
             script = Path(tmp) / "test.sh"
@@ -342,8 +344,6 @@ def _exit_code(field: str) -> int | None:
 def wait_accepted(store, submission_id: str, timeout: float = 300) -> list[str]:
     """For `dpx submit` on Slurm: block until the driver's sbatch calls went through (every trial of the submission
     has a job id, or has already ended) and return the array job ids."""
-    from ..driver import driver_alive
-
     deadline = time.time() + timeout
     while time.time() < deadline:
         rows = store.trials(submission=submission_id)

@@ -1,6 +1,6 @@
 """Data-parallel training, rank side: helpers the shared loop calls, no-ops unless a process group is up.
 
-torchrun starts one runner per rank (orchestrator/distributed.py); `worker_context` brings the process group up
+torchrun starts one runner per rank (orchestrator/trial/ranks.py); `worker_context` brings the process group up
 (NCCL on GPUs, gloo on CPU), pins the rank's GPU and returns the rank's RunContext. In the loop:
 
 - rank 0 alone calls `batch_fn(step, micro)` and scatters 1/world of dim 0 to each rank (`next_shard`): one data

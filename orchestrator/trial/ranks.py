@@ -1,6 +1,7 @@
-"""Data-parallel trials, launcher side: a trial with `hardware.gpus_per_trial > 1` (or `hardware.nproc_per_trial
-> 1`, gloo on CPU) re-runs the runner under torchrun, one process per GPU; the runner's ranks then train with
-DistributedDataParallel (tasks/training/distributed.py) and rank 0 alone writes the run dir.
+"""The rank launcher, in the trial's process (the rank side is tasks/training/distributed.py): a trial with
+`hardware.gpus_per_trial > 1` (or `hardware.nproc_per_trial > 1`, gloo on CPU) re-runs the runner under torchrun,
+one process per GPU; the runner's ranks then train with DistributedDataParallel and rank 0 alone writes the run
+dir.
 
 Stdlib only: the runner imports this on a bare GPU node.
 
@@ -15,6 +16,7 @@ Stdlib only: the runner imports this on a bare GPU node.
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import os
@@ -23,6 +25,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from dpx.rundir import ERROR, LOG, RESULT, atomic_write_json
 
 # NVLink multicast (NVLS) can put a host's shared GPUs out of service: kept off in everything dpx starts.
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -53,8 +57,6 @@ def in_worker() -> bool:
 def die_with_parent() -> None:
     """SIGKILL this process when its parent dies (Linux; a no-op elsewhere)."""
     try:
-        import ctypes
-
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
@@ -63,12 +65,12 @@ def die_with_parent() -> None:
 def launch(run_dir: Path, attempt: int, nproc: int) -> int:
     """Run the trial as `nproc` ranks under torchrun; return 0 completed, 3 preempted, 1 failed."""
     run_dir = Path(run_dir)
-    for stale in ("result.json", "error.json"):
+    for stale in (RESULT, ERROR):
         (run_dir / stale).unlink(missing_ok=True)
     env = set_safe_env(dict(os.environ))
     env.pop("LOCAL_RANK", None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "dpx.orchestrator.runner", str(run_dir), "--attempt", str(attempt)]
+           "-m", "dpx.orchestrator.trial.runner", str(run_dir), "--attempt", str(attempt)]
     print(f"[dpx] data-parallel trial: {nproc} processes ({' '.join(cmd[1:6])})", flush=True)
     started = time.time()
     # its own session: a signal to the trial's process group reaches torchrun once, through forward()
@@ -90,20 +92,18 @@ def launch(run_dir: Path, attempt: int, nproc: int) -> int:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-    if (run_dir / "result.json").exists():
+    if (run_dir / RESULT).exists():
         return 0
-    err = run_dir / "error.json"
+    err = run_dir / ERROR
     if err.exists():
         try:
             return 3 if json.loads(err.read_text()).get("status") == "preempted" else 1
         except ValueError:
             return 1
     tail = ""
-    log = run_dir / "log.txt"
+    log = run_dir / LOG
     if log.exists():
         tail = log.read_bytes()[-4000:].decode(errors="replace")
-    from dpx.rundir import atomic_write_json
-
     atomic_write_json(err, {"trial_id": run_dir.name, "status": "failed", "attempt": attempt, "pid": os.getpid(),
                             "error": f"torchrun exited with {code} before any rank wrote a result ({nproc} ranks)",
                             "traceback": tail, "started_at": started, "ended_at": time.time()})

@@ -1,91 +1,22 @@
-"""What the CLI shows and syncs after (or while) trials run: results and status tables, DuckDB refresh, MLflow
-sync of run dirs. Reads the state store and run dirs; writes DuckDB (single writer: the CLI) and MLflow."""
+"""What the CLI (and a driver at its end) syncs from the run dirs: the DuckDB results database (`refresh_duckdb`,
+single writer: rebuilt when the store or a run dir changed) and MLflow (`sync_mlflow`: `dpx sync`, what no driver
+logged). Reads the state store and run dirs."""
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import sys
 import time
 from pathlib import Path
 
-from rich.markup import escape  # errors carry log tails ("[dpx] ...", "[/x]"): text, not markup
-from rich.table import Table
+from dpx.rundir import CONFIG_JSON, ERROR, METRICS, RESULT
 
-from dpx.rundir import PREFERRED, read_json
-
-from .driver import driver_alive
-from .grid import get_dotted
+from .driver.adoption import refresh_orphans
+from .driver.liveness import driver_alive
+from .driver.parents import close_orphan_parents
 from .state import StateStore
-
-
-def _summary(run_dir: str) -> dict:
-    res = read_json(Path(run_dir) / "result.json") or {}
-    return {k: v for k, v in (res.get("metrics") or {}).items() if isinstance(v, (int, float, str))}
-
-
-def _fmt(v) -> str:
-    return f"{v:.4g}" if isinstance(v, float) else str(v)
-
-
-def print_results(ws, store: StateStore, recipe: str, sub_id: str, axes: list[str], console) -> None:
-    rows = store.trials(submission=sub_id)
-    sums = {r["trial_id"]: _summary(ws.run_dir(r["recipe"], r["trial_id"])) for r in rows}
-    keys: list[str] = []
-    for s in sums.values():
-        for k, v in s.items():
-            if k not in keys and isinstance(v, (int, float)):
-                keys.append(k)
-    keys.sort(key=lambda k: (PREFERRED.index(k) if k in PREFERRED else len(PREFERRED), k))
-    keys = keys[:6]
-    t = Table(title=f"{recipe}: results")
-    t.add_column("trial_id")
-    for a in axes:
-        t.add_column(a.split(".")[-1])
-    t.add_column("status")
-    for k in keys:
-        t.add_column(k, justify="right")
-    for r in rows:
-        cfg = json.loads(r["config"])
-        style = {"completed": "green", "failed": "red"}.get(r["status"], "yellow")
-        t.add_row(r["trial_id"], *[_fmt(cfg["seed"] if a == "seed" else get_dotted(cfg, a)) for a in axes], f"[{style}]{r['status']}[/{style}]",
-                  *[_fmt(sums[r["trial_id"]].get(k, "")) for k in keys])
-    console.print(t)
-    for r in rows:
-        if r["status"] == "failed":
-            console.print(f"[red]{r['trial_id']}[/red] failed: {escape(r['error'] or '')}  (dpx logs {r['trial_id']})",
-                          highlight=False, soft_wrap=True)
-
-
-def print_status(ws, store: StateStore, recipe: str | None, console, all_trials: bool = False) -> None:
-    from .orphans import refresh_orphans
-
-    settled, backend_notes = refresh_orphans(store, recipe)  # no live driver: ask the backend (local pid, sacct)
-    recipes = [recipe] if recipe else sorted({r["recipe"] for r in store.q("SELECT recipe FROM trials")})
-    t = Table(title=f"dpx status ({escape(str(ws.root))})")
-    for col in ("recipe", "total", "completed", "running", "pending", "failed", "cancelled", "driver"):
-        t.add_column(col, justify="right" if col not in ("recipe", "driver") else "left")
-    notes = []
-    for name in recipes:
-        c = store.counts(recipe=name)
-        subs = store.submissions(name)
-        live = [s for s in subs if driver_alive(s)]
-        drv = f"running ({live[-1]['id']})" if live else (subs[-1]["state"] if subs else "-")
-        t.add_row(name, str(sum(c.values())), f"[green]{c['completed']}[/green]", f"[cyan]{c['running']}[/cyan]",
-                  f"[yellow]{c['pending']}[/yellow]", f"[red]{c['failed']}[/red]", str(c["cancelled"]), drv)
-        if not live and (c["pending"] or c["running"]):
-            notes.append(f"{name}: no live driver but {c['pending']} pending / {c['running']} running trial(s); "
-                         f"`dpx submit` the recipe again to resume (finished trials will not run again)")
-    console.print(t)
-    for name in recipes:
-        for r in store.trials(recipe=name, status="failed"):
-            console.print(f"[red]failed[/red] {name}/{r['trial_id']} (attempts {r['attempts']}): {escape(r['error'] or '')}",
-                          highlight=False, soft_wrap=True)
-        if all_trials:
-            for r in store.trials(recipe=name):
-                console.print(f"{r['status']:>9} {name}/{r['trial_id']} attempts={r['attempts']} {r['point']}",
-                              highlight=False)
-    if settled:
-        notes.insert(0, f"{settled} trial(s) of a dead driver settled from the backend and their run dirs")
-    for n in backend_notes + notes:
-        console.print(f"[yellow]note:[/yellow] {escape(n)}", highlight=False)
+from .tracking import Tracker
 
 
 # ---- DuckDB -------------------------------------------------------------------------------------------------
@@ -93,7 +24,7 @@ def trial_records(ws, store: StateStore) -> list[dict]:
     """State rows as plain dicts for the registry (it never imports the orchestrator). Run dirs are located from
     the workspace (runs/<recipe>/<trial_id>), so a workspace copied from another machine reads the same."""
     out = []
-    for r in store.q("SELECT * FROM trials ORDER BY recipe, created_at, trial_id"):
+    for r in store.trials_by_recipe():
         out.append({
             "trial_id": r["trial_id"], "recipe": r["recipe"], "status": r["status"], "attempts": r["attempts"],
             "run_dir": str(ws.run_dir(r["recipe"], r["trial_id"])), "config": json.loads(r["config"]), "submitted_at": r["created_at"],
@@ -102,16 +33,13 @@ def trial_records(ws, store: StateStore) -> list[dict]:
     return out
 
 
-RUN_DIR_FILES = ("metrics.jsonl", "result.json", "error.json", "config.json")
+RUN_DIR_FILES = (METRICS, RESULT, ERROR, CONFIG_JSON)
 
 
 def run_dirs_stamp(ws, rows) -> str:
     """A digest of what ingest reads from the run dirs (size and mtime of each trial's files): `query` rebuilds
     when a run dir changed even though the state store did not (metrics appended after the state said done, a
     trial settled by hand, a result copied in). 4 stats a trial: ~0.1 s at 5,000 trials."""
-    import hashlib
-    import os
-
     h = hashlib.blake2b(digest_size=16)
     for r in rows:
         d = str(ws.run_dir(r["recipe"], r["trial_id"]))
@@ -127,14 +55,12 @@ def run_dirs_stamp(ws, rows) -> str:
 def refresh_duckdb(ws, force: bool = False) -> Path:
     """Rebuild results.duckdb from the run dirs when the state store or a run dir changed since it was built (or
     when forced)."""
-    from dpx.registry import ingest, is_current
+    from dpx.registry import ingest, is_current  # duckdb: the CLI commands that show no results never load it
 
     store = StateStore(ws.state_db)
-    last = store.q("SELECT max(updated_at) AS u, count(*) AS n FROM trials")[0]
     running = store.counts()["running"]
     stamp = ws.root / ".duckdb_stamp"
-    rows = store.q("SELECT recipe, trial_id FROM trials ORDER BY recipe, trial_id")
-    key = f"{last['u']}:{last['n']}:{run_dirs_stamp(ws, rows)}"
+    key = f"{store.change_mark()}:{run_dirs_stamp(ws, store.trial_keys())}"
     # is_current: also rebuild a database an older dpx built (registry schema_version)
     if not force and running == 0 and is_current(ws.duckdb) and stamp.exists() and stamp.read_text() == key:
         return ws.duckdb
@@ -145,14 +71,12 @@ def refresh_duckdb(ws, force: bool = False) -> Path:
         why = " ".join(str(e).split())[:200]
         if not is_current(ws.duckdb):
             raise OSError(f"cannot build {ws.duckdb}: {why}") from None
-        import sys
-
         print(f"note: {ws.duckdb} could not be rebuilt ({why}); answering from its last build", file=sys.stderr)
     return ws.duckdb
 
 
 def duckdb_error():
-    import duckdb
+    import duckdb  # duckdb: only once a build failed (ingest loaded it already)
 
     return duckdb.Error
 
@@ -164,8 +88,7 @@ def unforwarded_of_dead_drivers(store: StateStore, recipe: str, me: str) -> list
     start (they once waited for a manual `dpx sync`, child runs left RUNNING)."""
     out = []
     alive: dict[str, bool] = {}
-    for r in store.q("SELECT trial_id, owner FROM trials WHERE recipe = ? AND mlflow_done = 0 AND "
-                     "status IN ('completed', 'failed', 'cancelled')", (recipe,)):
+    for r in store.unforwarded(recipe):
         owner = r["owner"]
         if owner not in alive:
             sub = store.submission(owner) if owner else None
@@ -179,14 +102,10 @@ def sync_mlflow(ws) -> tuple[int, int]:
     """Log every finished trial that MLflow does not have complete yet (no driver reached it, or MLflow failed),
     after settling what dead drivers left running; then close their parent runs. Returns (trials synced, parent
     runs closed)."""
-    from .orphans import close_orphan_parents, refresh_orphans
-    from .tracking import Tracker
-
     store = StateStore(ws.state_db)
     refresh_orphans(store)
-    rows = store.q("SELECT * FROM trials WHERE status IN ('completed','failed','cancelled') AND mlflow_done = 0")
-    if not rows and not store.q("SELECT 1 FROM submissions WHERE mlflow_parent_run_id IS NOT NULL AND "
-                                "state NOT IN ('done', 'cancelled') LIMIT 1"):
+    rows = store.unforwarded()
+    if not rows and not store.has_open_parent_runs():
         return 0, 0
     tracker = Tracker(ws.mlflow_uri(), ws.mlflow_artifacts)
     n = 0

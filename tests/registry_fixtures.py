@@ -1,8 +1,8 @@
 """Helpers for the registry tests: run dirs written by the real writers (RunContext for metrics.jsonl, curves and
-figures; atomic_write_json for result.json/error.json, as the runner does), plus a check of those helpers."""
+figures; atomic_write_json for result.json/error.json, as the runner does). A helper module, not a test file: its
+own check is test_make_trial_writes_the_run_dir_format in test_registry_ingest.py."""
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -54,13 +54,3 @@ def dp(n_h: int, layers: int = 1, neg: bool = True, **kw) -> dict:
     fam = "deltaproduct" if n_h > 1 else "deltanet"
     return {"family": fam, "num_householder": n_h, "num_layers": layers, "allow_neg_eigval": neg, **kw}
 
-
-def test_make_trial_writes_the_run_dir_format(tmp_path):
-    t = make_trial(tmp_path, "r", "t1", dp(2), summary={"x": 1.5}, scalars={0: {"loss": 2.0}},
-                   curves={"acc_at_pos": ([1, 2], [1.0, 0.5])}, figure=True)
-    d = Path(t["run_dir"])
-    lines = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
-    assert [(x["key"], x["kind"]) for x in lines] == [("loss", "scalar"), ("acc_at_pos", "curve"),
-                                                      ("acc_at_pos", "curve")]
-    assert json.loads((d / "result.json").read_text())["metrics"] == {"x": 1.5}
-    assert (d / "figures" / "loss_curve.png").stat().st_size > 100

@@ -1,4 +1,4 @@
-"""In-trial entry point: `python -m dpx.orchestrator.runner RUN_DIR [--attempt N]`.
+"""In-trial entry point: `python -m dpx.orchestrator.trial.runner RUN_DIR [--attempt N]` (what every backend launches).
 
 Reads RUN_DIR/config.json, runs the task, and writes result.json (completed) or error.json (failed / preempted).
 Imports only the standard library and dpx.tasks (which pulls torch only if the task needs it): no pydantic,
@@ -18,39 +18,41 @@ import time
 import traceback
 from pathlib import Path
 
-from dpx.orchestrator import distributed, worker
+from dpx.rundir import CONFIG_JSON, ERROR, RESULT, atomic_write_json
 from dpx.tasks import TASKS
-from dpx.rundir import atomic_write_json
 from dpx.tasks.context import Diverged, Preempted, RunContext
+
+from . import ranks, worker
+from .plugins import load as load_plugins
 
 EXIT_OK, EXIT_FAILED, EXIT_PREEMPTED = 0, 1, 3
 
 
 def run_trial(run_dir: Path, attempt: int = 1) -> int:
     run_dir = Path(run_dir)
-    if not distributed.in_worker():  # first thing: a driver that lost our pid finds us by this (worker.py)
+    if not ranks.in_worker():  # first thing: a driver that lost our pid finds us by this (worker.py)
         worker.register(run_dir, attempt)
-    config = json.loads((run_dir / "config.json").read_text())
+    config = json.loads((run_dir / CONFIG_JSON).read_text())
     hw = config.get("hardware") or {}
-    distributed.set_safe_env()  # NCCL_NVLS_ENABLE=0 etc. in this trial and everything it starts
+    ranks.set_safe_env()  # NCCL_NVLS_ENABLE=0 etc. in this trial and everything it starts
     threads = hw.get("threads_per_trial") or max(1, int(hw.get("cpus_per_trial") or 1))
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-    nproc = distributed.nproc_per_trial(hw)
-    if nproc > 1 and not distributed.in_worker():  # data-parallel: torchrun re-runs this runner once per rank
-        return distributed.launch(run_dir, attempt, nproc)
+    nproc = ranks.nproc_per_trial(hw)
+    if nproc > 1 and not ranks.in_worker():  # data-parallel: torchrun re-runs this runner once per rank
+        return ranks.launch(run_dir, attempt, nproc)
     if "torch" in sys.modules or config.get("model") is not None:
-        import torch
+        import torch  # torch: only a trial that trains a model (or already loaded it) pays for the import
 
         torch.set_num_threads(int(threads))
     device = hw.get("device") if hw.get("device") not in (None, "auto") else None
     if nproc > 1:  # a rank: process group up; ranks > 0 write to a scratch dir, rank 0 to the run dir
-        distributed.die_with_parent()
-        from dpx.tasks.training.distributed import worker_context
+        ranks.die_with_parent()
+        from dpx.tasks.training.distributed import worker_context  # torch.distributed: ranks only
 
         ctx = worker_context(run_dir, config, attempt, device)
         run_dir = ctx.run_dir
     else:
-        for stale in ("result.json", "error.json"):
+        for stale in (RESULT, ERROR):
             (run_dir / stale).unlink(missing_ok=True)
         ctx = RunContext(run_dir, config, attempt=attempt, device=device)
     ctx.install_signal_handlers()
@@ -61,15 +63,13 @@ def run_trial(run_dir: Path, attempt: int = 1) -> int:
           flush=True)
     try:
         if config["task"]["name"] not in TASKS:  # a task a user package adds through an entry point
-            from dpx.orchestrator.plugins import load as load_plugins
-
             load_plugins()
         spec = TASKS[config["task"]["name"]]
         metrics = spec.run_fn()(config, ctx) or {}
         bad = [k for k, v in metrics.items() if isinstance(v, (int, float)) and not math.isfinite(float(v))]
         if bad:
             raise Diverged(f"non-finite metric {bad[0]} = {metrics[bad[0]]}")
-        atomic_write_json(run_dir / "result.json", {
+        atomic_write_json(run_dir / RESULT, {
             **base, "status": "completed", "metrics": metrics, "started_at": started, "ended_at": time.time(),
             "device": _device_name(ctx)})
         print(f"[dpx] completed: {json.dumps(metrics, default=str)[:500]}", flush=True)
@@ -91,14 +91,14 @@ def run_trial(run_dir: Path, attempt: int = 1) -> int:
 
 
 def _write_error(run_dir: Path, base: dict, started: float, status: str, line: str, tb: str) -> None:
-    atomic_write_json(run_dir / "error.json", {**base, "status": status, "error": line, "traceback": tb,
+    atomic_write_json(run_dir / ERROR, {**base, "status": status, "error": line, "traceback": tb,
                                                "started_at": started, "ended_at": time.time()})
 
 
 def _device_name(ctx: RunContext) -> str:
     if "torch" not in sys.modules:
         return "cpu"
-    import torch
+    import torch  # torch: already loaded (checked above), so this costs nothing
 
     if ctx.device.type == "cuda" and torch.cuda.is_available():
         return torch.cuda.get_device_name(ctx.device)
@@ -106,7 +106,7 @@ def _device_name(ctx: RunContext) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dpx.orchestrator.runner", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m dpx.orchestrator.trial.runner", description=__doc__)
     p.add_argument("run_dir", type=Path)
     p.add_argument("--attempt", type=int, default=int(os.environ.get("DPX_ATTEMPT", "1")))
     a = p.parse_args(argv)

@@ -13,11 +13,15 @@ where `my_pkg/dpx_tasks.py` (keep it torch-free: recipes are validated without t
                "needs_model": True}                      # False: the recipe needs no `model:` section
 
 `load()` registers each into `dpx.tasks.TASKS` (a built-in name is never replaced); the recipe loader and the trial
-runner call it, so `task: {name: my_task}` works in recipes, `dpx expand` and trials alike.
+runner call it, so `task: {name: my_task}` works in recipes, `dpx expand` and trials alike. It lives on the trial
+side (stdlib + dpx.tasks) because the runner loads it in the trial's process; the control side imports it too.
 """
 from __future__ import annotations
 
 import sys
+from importlib.metadata import entry_points
+
+from dpx.tasks import TASKS, TaskSpec, register
 
 GROUP = "dpx.tasks"
 NO_MODEL: set[str] = set()  # plugin tasks that train no model (like the built-in `debug`)
@@ -30,10 +34,6 @@ def load(force: bool = False) -> list[str]:
     if _loaded and not force:
         return []
     _loaded = True
-    from importlib.metadata import entry_points
-
-    from dpx.tasks import TASKS, TaskSpec, register
-
     added = []
     for ep in entry_points(group=GROUP):
         if ep.name in TASKS and TASKS[ep.name].run.startswith("dpx."):

@@ -1,4 +1,5 @@
-"""Fork server for the local backend: one long-lived process with the trial code path (and torch) imported once,
+"""Fork server for the local backend (`python -m dpx.orchestrator.trial.forkserver`, started by backends/local.py):
+one long-lived process with the trial code path (and torch) imported once,
 which forks a child per trial attempt. Starting a trial then costs a fork (milliseconds) instead of a Python
 start-up and a torch import (about a second), which is most of a short trial's cost.
 
@@ -14,6 +15,9 @@ import os
 import selectors
 import signal
 import sys
+import traceback
+
+from .runner import run_trial  # the trial code path, imported once in this process, never in the driver
 
 
 def _child(req: dict) -> None:
@@ -33,12 +37,9 @@ def _child(req: dict) -> None:
     try:
         sys.stdout = open(1, "w", buffering=1, closefd=False)
         sys.stderr = open(2, "w", buffering=1, closefd=False)
-        from dpx.orchestrator.runner import run_trial
 
         code = run_trial(req["run_dir"], int(req["attempt"]))
     except BaseException:  # noqa: BLE001
-        import traceback
-
         traceback.print_exc()
     finally:
         try:
@@ -50,11 +51,9 @@ def _child(req: dict) -> None:
 
 def serve() -> None:
     preload = os.environ.get("DPX_FORKSERVER_PRELOAD", "torch")
-    import dpx.orchestrator.runner  # noqa: F401  (the trial code path, imported once)
-
     if "torch" in preload.split(","):
         try:
-            import torch  # noqa: F401  (no CUDA init, no threads: fork-safe)
+            import torch  # noqa: F401  torch: preloaded when asked (the default) so forked trials skip its import; no CUDA init, no threads: fork-safe
         except ImportError:
             pass
     out = sys.stdout

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from .driver import driver_alive
+from .liveness import driver_alive
 
 POLL_S = 1.0
 SPAWN_GRACE_S = 15.0  # a submission registered this recently without a driver pid yet: its CLI is spawning one
@@ -41,18 +41,7 @@ def live_driver(store, recipe: str, exclude: str | None = None) -> dict | None:
 
 def hand_over(store, from_sub: str, to_sub: str) -> int:
     """Put `from_sub`'s pending trials into `to_sub`'s queue (after its own); returns how many were added."""
-    with store.tx() as c:
-        recipe = c.execute("SELECT recipe FROM submissions WHERE id = ?", (from_sub,)).fetchone()[0]
-        top = c.execute("SELECT coalesce(max(seq), -1) FROM submission_trials WHERE submission_id = ?",
-                        (to_sub,)).fetchone()[0]
-        rows = c.execute(
-            "SELECT s.trial_id FROM submission_trials s JOIN trials t ON t.recipe = s.recipe AND t.trial_id = "
-            "s.trial_id WHERE s.submission_id = ? AND t.status = 'pending' AND s.trial_id NOT IN "
-            "(SELECT trial_id FROM submission_trials WHERE submission_id = ?) ORDER BY s.seq",
-            (from_sub, to_sub)).fetchall()
-        for i, (tid,) in enumerate(rows):
-            c.execute("INSERT OR IGNORE INTO submission_trials VALUES (?,?,?,?)", (to_sub, recipe, tid, top + 1 + i))
-        return len(rows)
+    return store.hand_over(from_sub, to_sub)
 
 
 def wait_turn(store, sub_id: str, log=print) -> bool:
@@ -76,23 +65,13 @@ def wait_turn(store, sub_id: str, log=print) -> bool:
 
 def cancel_waiting(store, sub_id: str) -> None:
     """A waiting driver cancelled before its turn: its pending trials are cancelled, it ends `cancelled`."""
-    with store.tx() as c:
-        c.execute("UPDATE trials SET status = 'cancelled', error = 'cancelled by user', updated_at = ? "
-                  "WHERE status = 'pending' AND trial_id IN "
-                  "(SELECT trial_id FROM submission_trials WHERE submission_id = ?) AND recipe = "
-                  "(SELECT recipe FROM submissions WHERE id = ?)", (time.time(), sub_id, sub_id))
-        c.execute("UPDATE submissions SET state = 'cancelled', ended_at = ? WHERE id = ?", (time.time(), sub_id))
+    sub = store.submission(sub_id)
+    store.cancel_pending(sub["recipe"], submission=sub_id)
+    store.update_submission(sub_id, state="cancelled", ended_at=time.time())
 
 
 def finish_if_nothing_left(store, sub_id: str) -> bool:
     """After its wait: a submission whose trials the earlier driver all ran ends `done` here, without a driver of
     its own (no empty MLflow parent run, no fork server). True when it did. Trials still `running` (an earlier
     driver died with them) need a driver to adopt them: False then."""
-    with store.tx() as c:
-        left = c.execute("SELECT count(*) FROM submission_trials s JOIN trials t ON t.recipe = s.recipe AND "
-                         "t.trial_id = s.trial_id WHERE s.submission_id = ? AND t.status IN ('pending', 'running')",
-                         (sub_id,)).fetchone()[0]
-        if left:
-            return False
-        return c.execute("UPDATE submissions SET state = 'done', ended_at = ? WHERE id = ? AND state = 'starting'",
-                         (time.time(), sub_id)).rowcount > 0
+    return store.finish_if_nothing_left(sub_id)

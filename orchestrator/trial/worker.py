@@ -7,7 +7,8 @@ would settle the trial as "worker lost" (and, with retries, run it a second time
 next driver adopts the process by the pid the worker wrote; an attempt whose header is in the log but whose worker
 has not registered yet (a plain process still starting Python) is "unknown" for a grace period, not lost.
 
-Standard library only: the runner imports this on bare nodes.
+Standard library only: the runner imports this on bare nodes. `pid_alive` is the one process check of dpx
+(drivers, backends and the CLI use it too).
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ import socket
 import time
 from pathlib import Path
 
-WORKER_FILE = "worker.json"
+from dpx.rundir import LOG, WORKER
+
 REGISTER_GRACE_S = float(os.environ.get("DPX_REGISTER_GRACE_S", "60"))
 """how long after its attempt header an unregistered attempt counts as still starting"""
 
@@ -36,10 +38,10 @@ def register(run_dir: str | Path, attempt: int) -> None:
     pid = os.getpid()
     info = {"attempt": attempt, "pid": pid, "pgid": os.getpgid(pid), "host": socket.gethostname(),
             "proc_start": proc_start(pid), "time": time.time()}
-    tmp = Path(run_dir) / f".{WORKER_FILE}.{pid}"
+    tmp = Path(run_dir) / f".{WORKER}.{pid}"
     try:
         tmp.write_text(json.dumps(info))
-        os.replace(tmp, Path(run_dir) / WORKER_FILE)  # atomic: a reader sees the old worker or the new one
+        os.replace(tmp, Path(run_dir) / WORKER)  # atomic: a reader sees the old worker or the new one
     except OSError:  # an unwritable run dir: the runner fails next, with the path, in error.json / the log
         pass
 
@@ -47,7 +49,7 @@ def register(run_dir: str | Path, attempt: int) -> None:
 def registered(run_dir: str | Path, attempt: int) -> dict | None:
     """The registration of this attempt's worker, or None (not registered yet, or an older attempt's)."""
     try:
-        info = json.loads((Path(run_dir) / WORKER_FILE).read_text())
+        info = json.loads((Path(run_dir) / WORKER).read_text())
     except (OSError, ValueError):
         return None
     return info if isinstance(info, dict) and info.get("attempt") == attempt else None
@@ -55,8 +57,6 @@ def registered(run_dir: str | Path, attempt: int) -> dict | None:
 
 def alive(info: dict) -> bool:
     """Whether the registered worker still runs (decidable on its own host only; elsewhere assumed alive)."""
-    from .state import pid_alive
-
     if info.get("host") != socket.gethostname():
         return True
     if not pid_alive(info.get("pid")):
@@ -68,7 +68,7 @@ def alive(info: dict) -> bool:
 def header_time(run_dir: str | Path, attempt: int) -> float | None:
     """When the backend wrote this attempt's header into log.txt (local time, to the second), or None."""
     try:
-        text = (Path(run_dir) / "log.txt").read_text(errors="replace")
+        text = (Path(run_dir) / LOG).read_text(errors="replace")
     except OSError:
         return None
     mark = f"===== attempt {attempt} "
@@ -79,3 +79,22 @@ def header_time(run_dir: str | Path, attempt: int) -> float | None:
         return time.mktime(time.strptime(text[i + len(mark):i + len(mark) + 19], "%Y-%m-%d %H:%M:%S"))
     except ValueError:
         return None
+
+
+def pid_alive(pid: int | None, host: str | None = None) -> bool:
+    """Whether a process of ours is alive (only decidable on its own host; elsewhere assume alive)."""
+    if not pid:
+        return False
+    if host and host != socket.gethostname():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is dead for our purposes
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True

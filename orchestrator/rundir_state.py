@@ -1,0 +1,39 @@
+"""What a trial's run dir says about the trial, read without the state store: the status, attempts, error, times,
+host and pid that `dpx repair` rebuilds a lost store from and that `StateStore.add_submission` checks a new trial
+against (a run dir already holding its completed result is registered completed, never run again).
+
+Stdlib and dpx.rundir only: the state store imports it (never the other way).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from dpx.rundir import ERROR, LOG, RESULT, WORKER, read_json
+
+ATTEMPT_HEADER = "===== attempt "
+"""the line the backend writes into log.txt before each attempt (`===== attempt N YYYY-mm-dd HH:MM:SS ...`)"""
+
+
+def attempts_in_log(d: Path) -> int:
+    try:
+        with open(d / LOG, "rb") as f:
+            return f.read().count(ATTEMPT_HEADER.rstrip().encode())
+    except OSError:
+        return 0
+
+
+def run_dir_state(d: Path, trial_id: str) -> dict:
+    """What a run dir says about its trial: status, attempts, error, started/ended, host, pid."""
+    res, err, wk = read_json(d / RESULT), read_json(d / ERROR), read_json(d / WORKER)
+    attempts = max([attempts_in_log(d)] + [int(x.get("attempt") or 0) for x in (res, err, wk) if x])
+    out = {"status": "pending", "attempts": attempts, "error": None, "started_at": None, "ended_at": None,
+           "host": None, "pid": None}
+    if res and res.get("status") == "completed" and res.get("trial_id", trial_id) == trial_id:
+        out.update(status="completed", started_at=res.get("started_at"), ended_at=res.get("ended_at"),
+                   host=res.get("host"))
+    elif err and err.get("status") == "failed" and (not wk or int(wk.get("attempt") or 0) <= int(err.get("attempt") or 0)):
+        out.update(status="failed", error=str(err.get("error") or "failed").splitlines()[0][:1000],
+                   ended_at=err.get("ended_at"))
+    elif wk and wk.get("pid"):  # an attempt started and has no outcome yet: the next driver adopts or settles it
+        out.update(status="running", pid=int(wk["pid"]), host=wk.get("host"), started_at=wk.get("time"))
+    return out
