@@ -21,7 +21,6 @@ from typing import Any
 
 from dpx.rundir import FIGURES, METRICS, RESULT, read_json
 
-from .load import read_recipe
 from .state import StateStore
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -119,6 +118,8 @@ class Tracker:
         if not file:
             return
         try:
+            from .load import read_recipe  # omegaconf (the recipe loader): not for the CLI's other commands
+
             desc = str(read_recipe(file).get("description") or "").strip()
         except Exception:  # noqa: BLE001 — the file moved or broke since the submission: keep the old note
             return

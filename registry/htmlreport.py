@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import html
+import json
 import os
 import tempfile
 import time
@@ -116,8 +117,6 @@ def _feeds(con, recipe: str) -> set[str]:
 
 def _differs(con, recipe: str, name: str) -> str:
     """`<p class="differs">` naming the settings where this recipe's trials differ from the paper's figure."""
-    import json as _json
-
     cols = {r[0] for r in _fetch(con, "SELECT column_name FROM information_schema.columns WHERE table_name = "
                                       "'trials'", [])[1]}
     try:
@@ -129,7 +128,7 @@ def _differs(con, recipe: str, name: str) -> str:
         col = SETTING_COLUMNS.get(name, {}).get(key)
         if col is None or col not in cols:
             continue
-        paper = _json.loads(value) if isinstance(value, str) else value
+        paper = json.loads(value) if isinstance(value, str) else value
         _, ours = _fetch(con, f"SELECT DISTINCT {views.ident(col)} FROM trials WHERE recipe = ? AND status = "
                               f"'completed' AND {views.ident(col)} IS NOT NULL ORDER BY 1", [recipe])
         ours = [r[0] for r in ours]
