@@ -384,7 +384,7 @@ def logs(trial: str = typer.Argument(..., help="trial id (a unique prefix is eno
             continue
         if not (run_dir / LOG).exists():
             if len(rows) == 1:
-                _fail(f"{run_dir / 'log.txt'}: no log yet (trial is {r['status']})", 1)
+                _fail(f"{run_dir / LOG}: no log yet (trial is {r['status']})", 1)
             continue
         for line in tlogs.show(run_dir, tail):
             print(line)

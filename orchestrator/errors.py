@@ -1,7 +1,7 @@
 """User-facing errors: one line naming the file, the key path and the reason; the CLI exits with status 2."""
 from __future__ import annotations
 
-import difflib
+from dpx.models.config import did_you_mean  # noqa: F401  the one did-you-mean of dpx (models may not import us)
 
 
 class RecipeError(Exception):
@@ -17,7 +17,3 @@ class RecipeError(Exception):
         # one line whatever the parts hold (YAML reader errors span lines; keys may contain line breaks)
         return " ".join(part.strip() for part in text.splitlines())
 
-
-def did_you_mean(word: str, choices) -> str:
-    m = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
-    return f" (did you mean {m[0]!r}?)" if m else ""
