@@ -102,7 +102,7 @@ def launch(run_dir: Path, attempt: int, nproc: int) -> int:
     log = run_dir / "log.txt"
     if log.exists():
         tail = log.read_bytes()[-4000:].decode(errors="replace")
-    from dpx.tasks.context import atomic_write_json
+    from dpx.rundir import atomic_write_json
 
     atomic_write_json(err, {"trial_id": run_dir.name, "status": "failed", "attempt": attempt, "pid": os.getpid(),
                             "error": f"torchrun exited with {code} before any rank wrote a result ({nproc} ranks)",

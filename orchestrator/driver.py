@@ -18,6 +18,8 @@ import time
 import traceback
 from pathlib import Path
 
+from dpx.rundir import atomic_write_json, read_json
+
 from . import worker
 from .backends import Launch, Outcome, make_backend
 from .repair import file_id
@@ -33,8 +35,6 @@ def write_run_dir(run_dir: Path, config: dict) -> None:
     """config.json (read by the runner) and config.yaml (for people); written once, when first started."""
     run_dir.mkdir(parents=True, exist_ok=True)
     if not (run_dir / "config.json").exists():
-        from dpx.tasks.context import atomic_write_json
-
         atomic_write_json(run_dir / "config.json", config)
         try:
             import yaml
@@ -42,13 +42,6 @@ def write_run_dir(run_dir: Path, config: dict) -> None:
             (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
         except ImportError:
             pass
-
-
-def read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def log_tail(run_dir: Path, n: int = 3) -> str:

@@ -9,12 +9,11 @@ from pathlib import Path
 from rich.markup import escape  # errors carry log tails ("[dpx] ...", "[/x]"): text, not markup
 from rich.table import Table
 
-from .driver import driver_alive, read_json
+from dpx.rundir import PREFERRED, read_json
+
+from .driver import driver_alive
 from .grid import get_dotted
 from .state import StateStore
-
-PREFERRED = ("max_len_acc90", "acc_at_train_len", "scaled_acc", "val_loss", "wikitext_ppl", "avg_acc",
-             "tokens_per_s", "score")
 
 
 def _summary(run_dir: str) -> dict:

@@ -20,7 +20,8 @@ from pathlib import Path
 
 from dpx.orchestrator import distributed, worker
 from dpx.tasks import TASKS
-from dpx.tasks.context import Diverged, Preempted, RunContext, atomic_write_json
+from dpx.rundir import atomic_write_json
+from dpx.tasks.context import Diverged, Preempted, RunContext
 
 EXIT_OK, EXIT_FAILED, EXIT_PREEMPTED = 0, 1, 3
 

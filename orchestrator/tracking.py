@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dpx.rundir import read_json
+
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
 
@@ -181,7 +183,7 @@ class Tracker:
         metrics, offset = read_metrics(run_dir, offset)
         tags_: list = []
         if final:
-            res = _read_json(run_dir / "result.json")
+            res = read_json(run_dir / "result.json")
             if res and row["status"] == "completed":
                 ts = int(float(res.get("ended_at") or 0) * 1000)
                 metrics += [Metric(f"final/{k}", float(v), ts, 0) for k, v in (res.get("metrics") or {}).items()
@@ -314,10 +316,3 @@ def enable_wal(uri: str) -> None:
         con.close()
     except sqlite3.Error:
         pass
-
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None

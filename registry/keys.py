@@ -1,6 +1,6 @@
 """The contract between tasks and the registry: which metric keys a task writes, and which paper column each feeds.
 
-Task engineers: write the SUMMARY keys below in the dict your `run()` returns (it lands in result.json
+Task engineers: write the SUMMARY keys (defined in dpx/rundir.py, the run-dir contract) in the dict your `run()` returns (it lands in result.json
 "metrics"), and the CURVE keys through `ctx.log_curve(key, xs, ys)`. Conventions:
 
 - accuracies are fractions in [0, 1] (the registry multiplies by 100 where the paper prints percent);
@@ -17,37 +17,12 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-# ---- summary keys (result.json "metrics") -------------------------------------------------------------------
-# Word problems (Fig. 5, Fig. 12): prefix-exact-match accuracy.
-MAX_LEN_ACC90 = "max_len_acc90"  # longest prefix length t with acc_at_pos[t] >= 0.9 (int)
-ACC_AT_TRAIN_LEN = "acc_at_train_len"  # prefix accuracy at the training length (fraction)
-TOKEN_ACC = "token_acc"  # fraction of correct positions
-SEQ_ACC = "seq_acc"  # fraction of fully correct test sequences
-# Formal languages (Table 2): scaled accuracy (a - c) / (1 - c) on test lengths 40-256, 0 = chance, 1 = perfect.
-SCALED_ACC = "scaled_acc"
-# Language modelling (Tables 3, 4; lm-evaluation-harness, zero-shot).
-WIKITEXT_PPL = "wikitext_ppl"  # wikitext word_perplexity
-LAMBADA_PPL = "lambada_ppl"  # lambada_openai perplexity
-LAMBADA_ACC = "lambada_acc"
-PIQA_ACC = "piqa_acc"
-HELLASWAG_ACC_NORM = "hellaswag_acc_norm"
-WINOGRANDE_ACC = "winogrande_acc"
-ARC_E_ACC = "arc_e_acc"
-ARC_C_ACC_NORM = "arc_c_acc_norm"
-AVG_ACC = "avg_acc"  # mean of the six accuracies above (LAMBADA, PIQA, Hella, Wino, ARC-e, ARC-c)
-SIX_TASKS = (LAMBADA_ACC, PIQA_ACC, HELLASWAG_ACC_NORM, WINOGRANDE_ACC, ARC_E_ACC, ARC_C_ACC_NORM)
-# Throughput (Fig. 4) and model size.
-TOKENS_PER_S = "tokens_per_s"  # training tokens per second (forward + backward + optimizer step)
-NUM_PARAMS = "num_params"  # total parameter count (int); used to place LM trials in the paper's size rows
-# Length extrapolation (Fig. 8) and effective rank (Fig. 9): optional summaries; the registry derives them from the
-# curves when absent (see the fig8/fig9 views in views.py).
-LOSS_IN_CTX = "loss_in_ctx"  # mean per-position loss at positions <= training context
-LOSS_BEYOND_CTX = "loss_beyond_ctx"  # mean per-position loss at positions > training context
+from dpx.rundir import (  # noqa: F401  (the metric keys are defined in the run-dir contract)
+    ACC_AT_TRAIN_LEN, ARC_C_ACC_NORM, ARC_E_ACC, AVG_ACC, CURVE_ACC_AT_POS, CURVE_ERANK, CURVE_LOSS_AT_POS,
+    HELLASWAG_ACC_NORM, LAMBADA_ACC, LAMBADA_PPL, LOSS_BEYOND_CTX, LOSS_IN_CTX, MAX_LEN_ACC90, NUM_PARAMS, PIQA_ACC,
+    SCALED_ACC, SEQ_ACC, SIX_TASKS, TOKEN_ACC, TOKENS_PER_S, VAL_LOSS, WIKITEXT_PPL, WINOGRANDE_ACC,
+)
 
-# ---- curve keys (metrics.jsonl kind="curve", step = position) ---------------------------------------------------
-CURVE_ACC_AT_POS = "acc_at_pos"  # Fig. 5: prefix accuracy at position t (t = 1..test length)
-CURVE_LOSS_AT_POS = "loss_at_pos"  # Fig. 8: "loss_at_pos/<dataset>" (e.g. loss_at_pos/codeparrot), raw, unsmoothed
-CURVE_ERANK = "erank"  # Fig. 9: "erank/l<layer>/h<head>" (e.g. erank/l20/h3): effective rank of the state at t
 FIG8_MOVING_AVERAGE = 501  # the paper's moving-average window (tokens) for Fig. 8
 
 # ---- where the registry finds a trial's identity in its resolved config (first match wins) --------------------

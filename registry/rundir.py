@@ -5,9 +5,10 @@ metrics.jsonl itself is parsed by DuckDB's JSON reader in build.py (C++, ~50x fa
 LM trials log hundreds of thousands of curve points); this module reads the small JSON files."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from dpx.rundir import CONFIG_JSON, ERROR, FIGURES, METRICS, RESULT, read_json
 
 
 @dataclass
@@ -21,20 +22,6 @@ class RunDirData:
     warnings: list[str] = field(default_factory=list)
 
 
-def _load_json(path: Path, warnings: list[str]) -> dict | None:
-    if not path.exists():
-        return None
-    try:
-        obj = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        warnings.append(f"{path}: unreadable JSON ({type(e).__name__}: {str(e)[:80]}); ignored")
-        return None
-    if not isinstance(obj, dict):
-        warnings.append(f"{path}: expected a JSON object, got {type(obj).__name__}; ignored")
-        return None
-    return obj
-
-
 def read_run_dir(run_dir: str | Path | None, expect_result: bool) -> RunDirData:
     """Everything the registry needs from a run dir. `expect_result`: the trial claims to be completed."""
     data = RunDirData(Path(run_dir) if run_dir else Path())
@@ -42,14 +29,14 @@ def read_run_dir(run_dir: str | Path | None, expect_result: bool) -> RunDirData:
         data.warnings.append(f"{run_dir}: run dir missing; trial kept with its state-store fields only")
         return data
     d = data.run_dir
-    if (d / "metrics.jsonl").is_file():
-        data.metrics_path = d / "metrics.jsonl"
-    data.result = _load_json(d / "result.json", data.warnings)
-    if data.result is None and expect_result and not (d / "result.json").exists():
-        data.warnings.append(f"{d / 'result.json'}: missing for a completed trial; no summary metrics")
-    data.error = _load_json(d / "error.json", data.warnings)
-    data.config = _load_json(d / "config.json", data.warnings)
-    fig_dir = d / "figures"
+    if (d / METRICS).is_file():
+        data.metrics_path = d / METRICS
+    data.result = read_json(d / RESULT, data.warnings)
+    if data.result is None and expect_result and not (d / RESULT).exists():
+        data.warnings.append(f"{d / RESULT}: missing for a completed trial; no summary metrics")
+    data.error = read_json(d / ERROR, data.warnings)
+    data.config = read_json(d / CONFIG_JSON, data.warnings)
+    fig_dir = d / FIGURES
     if fig_dir.is_dir():
         for p in sorted(fig_dir.glob("*.png")):
             try:

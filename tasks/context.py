@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import signal
 import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol
+
+from dpx.rundir import atomic_write_json  # noqa: F401  (re-exported: tasks write JSON through it)
 
 
 class Preempted(Exception):
@@ -30,25 +31,6 @@ class Diverged(Exception):
 class MetricSink(Protocol):
     def log_metrics(self, metrics: dict[str, float], step: int) -> None: ...
     def log_figure(self, path: Path) -> None: ...
-
-
-def atomic_write_json(path: Path, obj: Any) -> None:
-    """Write JSON so that readers never see a half-written file (write to a temp file, fsync, rename)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1, sort_keys=True, default=_json_default)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _json_default(o: Any) -> Any:
-    if hasattr(o, "item"):
-        return o.item()
-    if isinstance(o, Path):
-        return str(o)
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
 class RunContext:

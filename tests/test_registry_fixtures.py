@@ -6,7 +6,8 @@ import json
 import time
 from pathlib import Path
 
-from dpx.tasks.context import RunContext, atomic_write_json
+from dpx.rundir import atomic_write_json
+from dpx.tasks.context import RunContext
 
 
 def make_trial(root: Path, recipe: str, tid: str, model: dict | None = None, task: dict | None = None,

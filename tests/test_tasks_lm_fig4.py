@@ -16,7 +16,8 @@ pytest.importorskip("duckdb")
 from dpx.orchestrator.trials import expand  # noqa: E402
 from dpx.registry import ingest, keys, plots, query  # noqa: E402
 from dpx.tasks import TASKS  # noqa: E402
-from dpx.tasks.context import RunContext, atomic_write_json  # noqa: E402
+from dpx.rundir import atomic_write_json
+from dpx.tasks.context import RunContext  # noqa: E402
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 
