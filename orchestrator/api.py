@@ -89,7 +89,7 @@ def start(recipe: str | Path, overrides: list[str] | None = None, workspace: str
     ex = _expand(ref.file, overrides)
     _check_extra(ex.meta.hardware.backend, str(ref.file))
     try:
-        check_backend(ex.meta.hardware.model_dump(), ws)
+        check_backend(ex.meta.hardware, ws)
     except RecipeError as e:
         raise RecipeError(e.reason, str(ref.file), e.key) from None
     except ImportError as e:  # a backend's stack is an install extra

@@ -1,17 +1,21 @@
 """Recipe section `hardware:`: where and how trials run. Never part of a trial's identity (same config on another
-machine is the same trial)."""
+machine is the same trial).
+
+Stdlib dataclasses with a docstring per field, validated by pydantic (`__pydantic_config__`: unknown keys are
+errors) through the recipe loader (trials.py), like the model, task and train sections; each checks itself in
+`__post_init__`, raising ValueError("key: reason"). The driver and the backends get these objects
+(`HardwareConfig.of(trial_config)`), not the raw dict. Stdlib only.
+"""
 from __future__ import annotations
 
+from dataclasses import dataclass, field, fields
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+@dataclass
+class RaySettings:
+    __pydantic_config__ = {"extra": "forbid"}
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class RaySettings(_Strict):
     address: Optional[str] = None
     """unset: start a local Ray instance sized from this section; `auto`, `host:port` (GCS) or
     `ray://host:port` (Ray Client): join that cluster (its nodes must see the workspace's run dirs)"""
@@ -23,7 +27,10 @@ class RaySettings(_Strict):
     """Ray memory resource per trial"""
 
 
-class SlurmSettings(_Strict):
+@dataclass
+class SlurmSettings:
+    __pydantic_config__ = {"extra": "forbid"}
+
     partition: Optional[str] = None
     time_min: int = 60
     """wall-time limit per array task; on timeout the trial checkpoints and is requeued"""
@@ -32,17 +39,16 @@ class SlurmSettings(_Strict):
     mem_gb: Optional[float] = None
     max_num_timeout: int = 3
     """requeues on timeout/preemption before the trial is failed"""
-    additional_parameters: dict = Field(default_factory=dict)
+    additional_parameters: dict = field(default_factory=dict)
     """extra sbatch options, e.g. {account: abc, qos: high}"""
-    setup: list[str] = Field(default_factory=list)
+    setup: list[str] = field(default_factory=list)
     """shell lines run before each task (module load ..., source venv)"""
     folder: Optional[str] = None
     """submitit log folder (default: <workspace>/slurm)"""
     signal_delay_s: int = 90
     """Slurm sends USR2 this long before the time limit: the trial checkpoints and the task is requeued"""
 
-    @model_validator(mode="after")
-    def _check(self):
+    def __post_init__(self):
         if self.time_min < 1:
             raise ValueError("time_min: must be >= 1")
         if self.array_parallelism < 1:
@@ -51,10 +57,12 @@ class SlurmSettings(_Strict):
             raise ValueError("max_num_timeout: must be >= 0")
         if self.mem_gb is not None and self.mem_gb <= 0:
             raise ValueError("mem_gb: must be > 0")
-        return self
 
 
-class HardwareConfig(_Strict):
+@dataclass
+class HardwareConfig:
+    __pydantic_config__ = {"extra": "forbid"}
+
     backend: Literal["local", "ray", "slurm"] = "local"
     """local (process pool on this machine), ray, or slurm (submitit job arrays)"""
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -72,11 +80,10 @@ class HardwareConfig(_Strict):
     """extra attempts for a trial that failed (worker lost, exception, timeout)"""
     threads_per_trial: Optional[int] = None
     """torch intra-op threads in the trial (default: cpus_per_trial)"""
-    ray: RaySettings = Field(default_factory=RaySettings)
-    slurm: SlurmSettings = Field(default_factory=SlurmSettings)
+    ray: RaySettings = field(default_factory=RaySettings)
+    slurm: SlurmSettings = field(default_factory=SlurmSettings)
 
-    @model_validator(mode="after")
-    def _check(self):
+    def __post_init__(self):
         if self.cpus_per_trial <= 0:
             raise ValueError("cpus_per_trial: must be > 0")
         if self.gpus_per_trial < 0:
@@ -89,5 +96,27 @@ class HardwareConfig(_Strict):
             raise ValueError("max_retries: must be >= 0")
         if self.timeout_min is not None and self.timeout_min <= 0:
             raise ValueError("timeout_min: must be > 0")
-        return self
 
+    @property
+    def threads(self) -> int:
+        """torch intra-op threads (OMP_NUM_THREADS) of a trial: threads_per_trial, else its whole CPUs."""
+        return self.threads_per_trial or max(1, int(float(self.cpus_per_trial or 1)))
+
+    @property
+    def timeout_s(self) -> float | None:
+        """timeout_min in seconds, None for no limit."""
+        return self.timeout_min * 60 if self.timeout_min else None
+
+    @classmethod
+    def of(cls, config: dict) -> HardwareConfig:
+        """The hardware section of a resolved trial config (validated when its recipe was expanded; keys another
+        dpx version wrote and this one lacks are dropped)."""
+        d = known_fields(cls, config.get("hardware"))
+        return cls(**{**d, "ray": RaySettings(**known_fields(RaySettings, d.get("ray"))),
+                      "slurm": SlurmSettings(**known_fields(SlurmSettings, d.get("slurm")))})
+
+
+def known_fields(cls: type, d: dict | None) -> dict:
+    """The items of `d` that name fields of the dataclass `cls`."""
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in (d or {}).items() if k in names}

@@ -17,6 +17,7 @@ from .driver.liveness import driver_alive
 from .driver.parents import close_orphan_parents
 from .state import StateStore
 from .tracking import Tracker
+from .tracking_config import TrackingConfig
 
 
 # ---- DuckDB -------------------------------------------------------------------------------------------------
@@ -113,7 +114,7 @@ def sync_mlflow(ws) -> tuple[int, int]:
     made: list[str] = []  # parent runs made here, for trials no submission's parent run covers
     for r in rows:
         cfg = json.loads(r["config"])
-        exp_name = (cfg.get("tracking") or {}).get("experiment") or r["recipe"]
+        exp_name = TrackingConfig.of(cfg).experiment or r["recipe"]
         exp_id = tracker.experiment(exp_name)
         if r["recipe"] not in parents:
             sub = store.submission(r["submission_id"]) if r["submission_id"] else None

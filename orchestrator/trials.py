@@ -9,12 +9,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 import re
+import typing
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import TypeAdapter, ValidationError
 
 from dpx.models.config import ModelConfig
 from dpx.tasks import TASKS
@@ -32,37 +33,29 @@ from .trial.plugins import load as load_plugins
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
-class RecipeMeta(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+@dataclass
+class RecipeMeta:
+    """The recipe's own keys (the sections model/task/train/eval are validated per grid point, below)."""
+    __pydantic_config__ = {"extra": "ignore"}
+
     name: str
+    """names the recipe's run-dir folder, MLflow experiment and `recipe_<name>` view"""
     description: str = ""
     version: int = 1
-    seeds: list[int] = Field(default_factory=lambda: [0])
-    hardware: HardwareConfig = Field(default_factory=HardwareConfig)
-    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    """part of every trial id: bump it to run a recipe's trials anew"""
+    seeds: list[int] = field(default_factory=lambda: [0])
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        if not NAME_RE.match(v):
-            raise ValueError("must be letters, digits, '_', '.', '-' (it names folders and MLflow experiments)")
-        return v
-
-    @field_validator("version")
-    @classmethod
-    def _version(cls, v: int) -> int:
-        if v < 1:
-            raise ValueError("must be >= 1")
-        return v
-
-    @field_validator("seeds")
-    @classmethod
-    def _seeds(cls, v: list[int]) -> list[int]:
-        if not v:
-            raise ValueError("must list at least one seed")
-        if len(set(v)) != len(v):
-            raise ValueError("has duplicates")
-        return v
+    def __post_init__(self):
+        if not NAME_RE.match(self.name):
+            raise ValueError("name: must be letters, digits, '_', '.', '-' (it names folders and MLflow experiments)")
+        if self.version < 1:
+            raise ValueError("version: must be >= 1")
+        if not self.seeds:
+            raise ValueError("seeds: must list at least one seed")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError("seeds: has duplicates")
 
 
 @dataclass
@@ -87,7 +80,7 @@ def expand(path: str | Path, overrides: list[str] | None = None) -> Expansion:
     file = str(path)
     raw = load_recipe(path, overrides)
     try:
-        meta = RecipeMeta.model_validate(raw)
+        meta = _adapter(RecipeMeta).validate_python(raw)
     except ValidationError as e:
         raise _pyd_error(e, file, "", RecipeMeta) from None
     base = {s: raw.get(s) if raw.get(s) is not None else {} for s in ("model", "task", "train", "eval")}
@@ -97,8 +90,8 @@ def expand(path: str | Path, overrides: list[str] | None = None) -> Expansion:
         if v is not None and not isinstance(v, dict):
             raise RecipeError(f"must be a mapping, got {type(v).__name__}", file, s)
     points = expand_grid(raw.get("grid"), file)
-    hardware = meta.hardware.model_dump()
-    tracking = meta.tracking.model_dump()
+    hardware = dataclasses.asdict(meta.hardware)
+    tracking = dataclasses.asdict(meta.tracking)
     validator = _SectionValidator(file, base)
     trials: dict[str, Trial] = {}
     for point in points:
@@ -302,6 +295,17 @@ def _field_names(cls: Any) -> list[str]:
     return list(getattr(cls, "model_fields", {}))
 
 
+def _field_type(cls: Any, name: str) -> Any:
+    """The class of field `name` of a dataclass or pydantic model, or None."""
+    if dataclasses.is_dataclass(cls):
+        try:
+            return typing.get_type_hints(cls).get(name)
+        except (NameError, TypeError):
+            return None
+    fld = getattr(cls, "model_fields", {}).get(name)
+    return fld.annotation if fld is not None else None
+
+
 def _pyd_error(e: ValidationError, file: str, section: str, cls: Any) -> RecipeError:
     err = e.errors()[0]
     loc = [str(x) for x in err["loc"]]
@@ -309,9 +313,8 @@ def _pyd_error(e: ValidationError, file: str, section: str, cls: Any) -> RecipeE
     etype, msg = err["type"], err["msg"]
     if etype in ("extra_forbidden", "unexpected_keyword_argument"):
         owner = cls
-        for part in loc[:-1]:  # nested model: find the owning class for the did-you-mean
-            fld = getattr(owner, "model_fields", {}).get(part)
-            owner = fld.annotation if fld is not None else owner
+        for part in loc[:-1]:  # nested section: find the owning class for the did-you-mean
+            owner = _field_type(owner, part) or owner
         return RecipeError(f"unknown key{did_you_mean(loc[-1], _field_names(owner))}", file, path)
     if etype in ("value_error", "assertion_error"):
         return _value_error(msg.removeprefix("Value error, ").removeprefix("Assertion failed, "), file, path)

@@ -190,10 +190,8 @@ def _all_fields(section: str) -> set[str]:
     from dpx.tasks.debug.config import DebugConfig
     from dpx.tasks.training.config import EvalConfig, TrainConfig
 
-    cls = {"task": DebugConfig, "train": TrainConfig, "eval": EvalConfig}.get(section)
-    if cls is not None:
-        return {f.name for f in dataclasses.fields(cls)}
-    return set(HardwareConfig.model_fields)
+    cls = {"task": DebugConfig, "train": TrainConfig, "eval": EvalConfig}.get(section, HardwareConfig)
+    return {f.name for f in dataclasses.fields(cls)}
 
 
 def _valid_name(s: str) -> bool:

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from ..hardware import HardwareConfig
+
 RUNNER = "dpx.orchestrator.trial.runner"  # `python -m RUNNER RUN_DIR --attempt N`: what every backend launches
 
 
@@ -39,7 +41,7 @@ class Backend(ABC):
     name = "base"
 
     @classmethod
-    def check(cls, hardware: dict, workspace) -> None:
+    def check(cls, hardware: HardwareConfig, workspace) -> None:
         """Raise RecipeError when this hardware section cannot run here (checked before anything is queued)."""
 
     @abstractmethod

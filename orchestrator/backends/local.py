@@ -21,6 +21,7 @@ from pathlib import Path
 from dpx.rundir import LOG
 
 from ..errors import RecipeError
+from ..hardware import HardwareConfig
 from ..trial.ranks import set_safe_env
 from ..trial.worker import pid_alive
 from .base import Backend, Launch, Outcome
@@ -42,16 +43,16 @@ def visible_gpus() -> list[str]:
 class LocalBackend(Backend):
     name = "local"
 
-    def __init__(self, hardware: dict, workspace):
+    def __init__(self, hardware: HardwareConfig, workspace):
         self.hw = hardware
-        self.gpus_per_trial = float(hardware.get("gpus_per_trial") or 0)
+        self.gpus_per_trial = float(hardware.gpus_per_trial)
         self.free_gpus = visible_gpus() if self.gpus_per_trial > 0 else []
-        if hardware.get("max_parallel"):
-            self.slots = int(hardware["max_parallel"])
+        if hardware.max_parallel:
+            self.slots = int(hardware.max_parallel)
         elif self.gpus_per_trial > 0:
             self.slots = max(1, int(len(self.free_gpus) // max(1, math.ceil(self.gpus_per_trial))))
         else:
-            self.slots = max(1, int((os.cpu_count() or 1) // float(hardware.get("cpus_per_trial") or 1)))
+            self.slots = max(1, int((os.cpu_count() or 1) // float(hardware.cpus_per_trial)))
         self.procs: dict[tuple[str, str], tuple[subprocess.Popen | int, int, list[str], str]] = {}
         self.cancel_reason: dict[tuple[str, str], str] = {}
         self.kill_at: dict[tuple[str, str], float] = {}  # SIGTERM first (checkpoint), SIGKILL after the grace
@@ -63,8 +64,8 @@ class LocalBackend(Backend):
             self._forkserver()
 
     @classmethod
-    def check(cls, hardware: dict, workspace) -> None:
-        need = float(hardware.get("gpus_per_trial") or 0)
+    def check(cls, hardware: HardwareConfig, workspace) -> None:
+        need = float(hardware.gpus_per_trial)
         if need > 0:
             have = len(visible_gpus())
             if have < math.ceil(need):
@@ -85,8 +86,7 @@ class LocalBackend(Backend):
             n = max(1, math.ceil(self.gpus_per_trial))
             gpus, self.free_gpus = self.free_gpus[:n], self.free_gpus[n:]
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-        threads = launch.config.get("hardware", {}).get("threads_per_trial") or max(
-            1, int(float(launch.config.get("hardware", {}).get("cpus_per_trial") or 1)))
+        threads = HardwareConfig.of(launch.config).threads  # the trial's own section (a handed-over one may differ)
         env.setdefault("OMP_NUM_THREADS", str(threads))
         set_safe_env(env)  # NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1: no NVLink multicast
         log_path = Path(launch.run_dir) / LOG

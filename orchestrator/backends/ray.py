@@ -29,6 +29,7 @@ from pathlib import Path
 from dpx.rundir import LOG
 
 from ..errors import RecipeError
+from ..hardware import HardwareConfig
 from ..trial.ranks import set_safe_env
 from .base import Backend, Launch, Outcome
 from .local import visible_gpus
@@ -144,15 +145,15 @@ def _reachable(address: str, timeout: float = 3.0) -> None:
                           "hardware.ray.address") from None
 
 
-def _local_size(hardware: dict) -> tuple[int, int]:
-    r = hardware.get("ray") or {}
-    cpus = r.get("num_cpus") or os.cpu_count() or 1
-    gpus = r.get("num_gpus") if r.get("num_gpus") is not None else len(visible_gpus())
+def _local_size(hardware: HardwareConfig) -> tuple[int, int]:
+    r = hardware.ray
+    cpus = r.num_cpus or os.cpu_count() or 1
+    gpus = r.num_gpus if r.num_gpus is not None else len(visible_gpus())
     return int(cpus), int(gpus)
 
 
-def _fits(hardware: dict, cpus: float, gpus: float, where: str) -> None:
-    need_g, need_c = float(hardware.get("gpus_per_trial") or 0), float(hardware.get("cpus_per_trial") or 1)
+def _fits(hardware: HardwareConfig, cpus: float, gpus: float, where: str) -> None:
+    need_g, need_c = float(hardware.gpus_per_trial), float(hardware.cpus_per_trial)
     if need_g > gpus:
         raise RecipeError(f"asks for {need_g:g} GPU(s) per trial but {where} has {gpus:g}", None,
                           "hardware.gpus_per_trial")
@@ -181,13 +182,13 @@ def _connect(ray, address: str, tries: int = 3, **kw) -> None:
 class RayBackend(Backend):
     name = "ray"
 
-    def __init__(self, hardware: dict, workspace):
+    def __init__(self, hardware: HardwareConfig, workspace):
         import ray  # ray: an extra, loaded only when a recipe uses this backend
 
         self.ray = ray
         self.hw = hardware
-        self.settings = hardware.get("ray") or {}
-        address = resolve_address(self.settings.get("address"))
+        self.settings = hardware.ray
+        address = resolve_address(self.settings.address)
         kw = dict(include_dashboard=False, log_to_driver=False, configure_logging=False, namespace=NAMESPACE)
         if address == "local":
             cpus, gpus = _local_size(hardware)
@@ -198,13 +199,13 @@ class RayBackend(Backend):
         self.address = address
         self.grace_s = float(os.environ.get("DPX_KILL_GRACE_S", "20"))
         total = ray.cluster_resources()
-        need_c = float(hardware.get("cpus_per_trial") or 1)
-        need_g = float(hardware.get("gpus_per_trial") or 0)
+        need_c = float(hardware.cpus_per_trial)
+        need_g = float(hardware.gpus_per_trial)
         slots = int(total.get("CPU", 1) // need_c)
         if need_g > 0:
             slots = min(slots, int(total.get("GPU", 0) // need_g))
-        self.slots = int(hardware.get("max_parallel") or max(1, slots))
-        mem = self.settings.get("memory_gb_per_trial")
+        self.slots = int(hardware.max_parallel or max(1, slots))
+        mem = self.settings.memory_gb_per_trial
         self.options = dict(num_cpus=need_c, num_gpus=need_g, max_restarts=0, max_task_retries=0,
                             max_concurrency=4, namespace=NAMESPACE)
         if mem:
@@ -217,8 +218,8 @@ class RayBackend(Backend):
         self.kill_at: dict[tuple[str, str], float] = {}
 
     @classmethod
-    def check(cls, hardware: dict, workspace) -> None:
-        address = resolve_address((hardware.get("ray") or {}).get("address"))
+    def check(cls, hardware: HardwareConfig, workspace) -> None:
+        address = resolve_address(hardware.ray.address)
         if address == "local":
             cpus, gpus = _local_size(hardware)
             _fits(hardware, cpus, gpus, "the local Ray instance (hardware.ray.num_cpus/num_gpus)")
@@ -244,8 +245,7 @@ class RayBackend(Backend):
         return len(self.live)
 
     def start(self, launch: Launch) -> str:
-        hw = launch.config.get("hardware", {})
-        threads = hw.get("threads_per_trial") or max(1, int(float(hw.get("cpus_per_trial") or 1)))
+        threads = HardwareConfig.of(launch.config).threads  # the trial's own section (a handed-over one may differ)
         env = {**launch.env, "DPX_TRIAL_ID": launch.trial_id, "DPX_ATTEMPT": str(launch.attempt),
                "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(threads)}
         set_safe_env(env)  # no NVLink multicast on the nodes either; CUDA_VISIBLE_DEVICES comes from Ray's worker

@@ -29,6 +29,7 @@ from dpx.rundir import LOG
 
 from ..driver.liveness import driver_alive
 from ..errors import RecipeError, did_you_mean
+from ..hardware import HardwareConfig
 from ..trial.ranks import set_safe_env
 from .base import RUNNER, Backend, Launch, Outcome
 
@@ -103,25 +104,25 @@ def _run(cmd: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
-def _params(hardware: dict) -> dict:
+def _params(hardware: HardwareConfig) -> dict:
     """submitit SlurmExecutor parameters from the recipe's hardware section."""
-    s = hardware.get("slurm") or {}
-    p = {"time": max(1, int(math.ceil(s.get("time_min") or 60))),
-         "cpus_per_task": max(1, int(math.ceil(float(hardware.get("cpus_per_trial") or 1)))),
-         "array_parallelism": int(s.get("array_parallelism") or 64),
+    s = hardware.slurm
+    p = {"time": max(1, int(math.ceil(s.time_min))),
+         "cpus_per_task": max(1, int(math.ceil(float(hardware.cpus_per_trial)))),
+         "array_parallelism": int(s.array_parallelism),
          "stderr_to_stdout": True,
-         "signal_delay_s": int(s.get("signal_delay_s") or 90)}
-    if s.get("partition"):
-        p["partition"] = s["partition"]
-    gpus = float(hardware.get("gpus_per_trial") or 0)
+         "signal_delay_s": int(s.signal_delay_s or 90)}  # 0: the default, as before
+    if s.partition:
+        p["partition"] = s.partition
+    gpus = float(hardware.gpus_per_trial)
     if gpus > 0:
         p["gpus_per_node"] = int(math.ceil(gpus))
-    if s.get("mem_gb"):
-        p["mem"] = f"{int(math.ceil(float(s['mem_gb']) * 1024))}M"
-    if s.get("setup"):
-        p["setup"] = list(s["setup"])
-    if s.get("additional_parameters"):
-        p["additional_parameters"] = dict(s["additional_parameters"])
+    if s.mem_gb:
+        p["mem"] = f"{int(math.ceil(float(s.mem_gb) * 1024))}M"
+    if s.setup:
+        p["setup"] = list(s.setup)
+    if s.additional_parameters:
+        p["additional_parameters"] = dict(s.additional_parameters)
     return p
 
 
@@ -146,13 +147,13 @@ def _partitions() -> dict[str, dict]:
 class SlurmBackend(Backend):
     name = "slurm"
 
-    def __init__(self, hardware: dict, workspace):
+    def __init__(self, hardware: HardwareConfig, workspace):
         import submitit  # submitit: an extra, loaded only when a recipe uses this backend
 
         self.hw = hardware
-        s = hardware.get("slurm") or {}
-        folder = Path(s.get("folder") or Path(workspace.root) / "slurm")
-        self.executor = submitit.SlurmExecutor(folder=folder / "%j", max_num_timeout=int(s.get("max_num_timeout", 3)))
+        s = hardware.slurm
+        folder = Path(s.folder or Path(workspace.root) / "slurm")
+        self.executor = submitit.SlurmExecutor(folder=folder / "%j", max_num_timeout=int(s.max_num_timeout))
         self.executor.update_parameters(**_params(hardware))
         self.grace_s = float(os.environ.get("DPX_KILL_GRACE_S", "60"))
         self.poll_s = float(os.environ.get("DPX_SLURM_POLL_S", "3"))
@@ -164,18 +165,17 @@ class SlurmBackend(Backend):
 
     # ---- submit-time checks -----------------------------------------------------------------------------------
     @classmethod
-    def check(cls, hardware: dict, workspace) -> None:
+    def check(cls, hardware: HardwareConfig, workspace) -> None:
         for tool in ("sbatch", "sinfo", "squeue", "scancel"):
             if shutil.which(tool) is None:
                 raise RecipeError(f"slurm: `{tool}` not found on PATH (run dpx on a Slurm login node)", None,
                                   "hardware.backend")
-        if hardware.get("timeout_min"):
+        if hardware.timeout_min:
             raise RecipeError("not used on Slurm (a queued job would count as running); set "
                               "hardware.slurm.time_min, the wall-time limit per array task", None,
                               "hardware.timeout_min")
-        s = hardware.get("slurm") or {}
         parts = _partitions()
-        name = s.get("partition")
+        name = hardware.slurm.partition
         if name and name not in parts:
             raise RecipeError(f"partition {name!r} does not exist{did_you_mean(name, parts)}; "
                               f"partitions: {', '.join(parts) or 'none'}", None, "hardware.slurm.partition")
@@ -184,7 +184,7 @@ class SlurmBackend(Backend):
             if name is None:
                 raise RecipeError(f"the cluster has no default partition; choose one of {', '.join(parts)}",
                                   None, "hardware.slurm.partition")
-        gpus, cpus = float(hardware.get("gpus_per_trial") or 0), float(hardware.get("cpus_per_trial") or 1)
+        gpus, cpus = float(hardware.gpus_per_trial), float(hardware.cpus_per_trial)
         if gpus > parts[name]["gpus"]:
             raise RecipeError(f"asks for {gpus:g} GPU(s) per trial but partition {name!r} has at most "
                               f"{parts[name]['gpus']} per node", None, "hardware.gpus_per_trial")
@@ -194,7 +194,7 @@ class SlurmBackend(Backend):
         cls._test_only(hardware)
 
     @staticmethod
-    def _test_only(hardware: dict) -> None:
+    def _test_only(hardware: HardwareConfig) -> None:
         """`sbatch --test-only` on the script submitit would write: memory, time, extra options, account, qos."""
         from submitit.slurm.slurm import _make_sbatch_string  # submitit: an extra (hardware.backend: slurm)
 
@@ -227,8 +227,7 @@ class SlurmBackend(Backend):
             batch, self.queue = self.queue[:1000], self.queue[1000:]
             envs = []
             for ln in batch:
-                hw = ln.config.get("hardware", {})
-                threads = hw.get("threads_per_trial") or max(1, int(float(hw.get("cpus_per_trial") or 1)))
+                threads = HardwareConfig.of(ln.config).threads  # the trial's own section
                 env = {**ln.env, "DPX_TRIAL_ID": ln.trial_id, "DPX_ATTEMPT": str(ln.attempt),
                        "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(threads)}
                 set_safe_env(env)  # no NVLink multicast on shared nodes

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ..backends.base import Outcome
 from ..backends.slurm import JOB_ID, SlurmBackend, end_reason
+from ..hardware import HardwareConfig
 from ..state import StateStore
 from ..trial import worker
 from ..trial.worker import pid_alive
@@ -72,7 +73,7 @@ def refresh_orphans(store: StateStore, recipe: str | None = None, timeout_s: flo
     notes: list[str] = []
     slurm = []
     for r in rows:
-        backend = (json.loads(r["config"]).get("hardware") or {}).get("backend") or "local"
+        backend = HardwareConfig.of(json.loads(r["config"])).backend
         if backend == "local" and _local_gone(r):
             ended.append((r, Outcome(r["recipe"], r["trial_id"], r["attempts"], None, "lost",
                                      "its driver died and the process is gone")))
@@ -97,8 +98,7 @@ def refresh_orphans(store: StateStore, recipe: str | None = None, timeout_s: flo
     for r, out in ended:
         if not store.take_over(r, me):  # only if no driver adopted it meanwhile
             continue
-        hw = json.loads(r["config"]).get("hardware") or {}
-        row = store.trial(r["recipe"], r["trial_id"])
-        settle(store, row, out, out.reason, int(hw.get("max_retries") or 0), (hw.get("timeout_min") or 0) * 60)
+        hw = HardwareConfig.of(json.loads(r["config"]))
+        settle(store, store.trial(r["recipe"], r["trial_id"]), out, out.reason, hw.max_retries, hw.timeout_s)
         n += 1
     return n, notes

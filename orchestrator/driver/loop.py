@@ -15,8 +15,10 @@ from pathlib import Path
 
 from .. import sync
 from ..backends import Launch, Outcome, make_backend
+from ..hardware import HardwareConfig
 from ..state import StateStore, file_id
 from ..tracking import Forwarder, Tracker, enable_wal, mlflow_lock
+from ..tracking_config import TrackingConfig
 from ..trial import worker
 from ..workspace import Workspace
 from .adoption import local_attempt, register_deadline
@@ -38,8 +40,9 @@ class Driver:
         self.recipe = sub["recipe"]
         rows = self.store.trials(submission=submission_id)
         self.order = [r["trial_id"] for r in rows]
-        self.hardware = json.loads(rows[0]["config"]).get("hardware", {}) if rows else {}
-        self.tracking = json.loads(rows[0]["config"]).get("tracking", {}) if rows else {}
+        config = json.loads(rows[0]["config"]) if rows else {}
+        self.hardware = HardwareConfig.of(config)
+        self.tracking = TrackingConfig.of(config)
         self.backend = make_backend(self.hardware, ws)
         self.mine: dict[str, dict] = {}  # trial_id → {"attempt", "started", "timeout_at", "cancel"}
         self.tracker = self.forwarder = None
@@ -47,18 +50,18 @@ class Driver:
         self.last_forward = 0.0
         self.queue: list[str] = []
         self.queue_at = 0.0
-        self.timeout_s = (self.hardware.get("timeout_min") or 0) * 60 or None
-        self.max_retries = int(self.hardware.get("max_retries") or 0)
+        self.timeout_s = self.hardware.timeout_s
+        self.max_retries = self.hardware.max_retries
 
     # ---- MLflow (never fatal: run dirs are the source of truth; `dpx sync` catches up) -----------------------
     def _setup_tracking(self) -> None:
-        if self.tracking.get("enabled") is False:
+        if not self.tracking.enabled:
             return
         try:
-            uri = self.ws.mlflow_uri(self.tracking.get("mlflow_uri"))
+            uri = self.ws.mlflow_uri(self.tracking.mlflow_uri)
             with mlflow_lock(self.ws.root):  # experiment and parent run exist before any trial starts
                 self.tracker = Tracker(uri, self.ws.mlflow_artifacts)
-                self.exp_id = self.tracker.experiment(self.tracking.get("experiment") or self.recipe)
+                self.exp_id = self.tracker.experiment(self.tracking.experiment or self.recipe)
                 enable_wal(uri)
                 sub = self.store.submission(self.sub_id)
                 self.parent_id = self.tracker.parent_run(self.exp_id, self.sub_id, self.recipe, sub["file"],
