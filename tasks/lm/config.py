@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from dpx.models.config import did_you_mean
+from dpx.models.config import ModelConfig, did_you_mean
 from dpx.tasks.choices import Choices, check_choices
 from dpx.tasks.training.config import Precision
 
@@ -260,9 +260,9 @@ class ThroughputConfig(Choices):
 
 def check_vocab(task: dict, model: dict) -> None:
     """A tokenizer whose ids do not fit the model's embedding is a config error ("model.vocab_size: ...")."""
-    tok = task.get("tokenizer", "mistral_v1")
+    tok = task.get("tokenizer", LMConfig.tokenizer)
     need = TOKENIZER_VOCAB.get(tok)
-    have = (model or {}).get("vocab_size", 32000)
+    have = (model or {}).get("vocab_size", ModelConfig.vocab_size)  # the defaults: the config classes'
     if need is not None and have != need:
         raise ValueError(f"model.vocab_size: {have} does not match tokenizer {tok} ({need} ids); "
                          f"set model.vocab_size: {need}")
