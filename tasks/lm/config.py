@@ -202,24 +202,22 @@ class LMConfig(Choices):
         check_vocab({"tokenizer": self.tokenizer}, model)
 
 
+# The eval-only task names: LMConfig with another `name` (its __pydantic_config__, extra keys forbidden, is inherited).
 @dataclass
 class LMEvalConfig(LMConfig):
     """lm-evaluation-harness on a model (trained here first unless `checkpoint` is set)."""
-    __pydantic_config__ = {"extra": "forbid"}
     name: LMTaskName = "lm_eval"
 
 
 @dataclass
 class ExtrapolationConfig(LMConfig):
     """Per-position loss up to extrapolation.max_len (trained here first unless `checkpoint` is set)."""
-    __pydantic_config__ = {"extra": "forbid"}
     name: LMTaskName = "extrapolation"
 
 
 @dataclass
 class EffectiveRankConfig(LMConfig):
     """Effective rank of every head's state (trained here first unless `checkpoint` is set)."""
-    __pydantic_config__ = {"extra": "forbid"}
     name: LMTaskName = "effective_rank"
 
 
