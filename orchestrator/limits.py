@@ -13,6 +13,11 @@ within MODEL_LIMITS and an estimated parameter count below MAX_PARAMS (`model.nu
 hidden size of 2^40 were accepted, then tried to allocate terabytes, retried), a plain MLflow experiment name (a
 path put MLflow's artefacts outside the workspace), and the grid size (`max_trials()`, 100,000 unless
 `--max-trials` raises it: a 1e6-point grid took 97 s and 1.9 GB before any warning).
+
+Paths (`check_paths`): a path a recipe file names (`task.checkpoint`, `task.cache_dir`, `task.lm_eval.data_dir`,
+`tracking.mlflow_uri`, in a section, a scale or a grid) stays inside the workspace: relative (a trial runs in its
+run dir) without `..`; an absolute path, `~` or a local MLflow store is refused unless the user types it on the
+command line (`task.checkpoint=/data/ckpt`), because a recipe someone shares must not read or write elsewhere.
 """
 from __future__ import annotations
 
@@ -234,6 +239,29 @@ def check_recipe(out: dict, file: str) -> None:
     if n > _max_trials:
         raise RecipeError(f"the grid expands to {n} trials, above the limit of {_max_trials}; pass --max-trials "
                           f"{n} to run it anyway", file, "grid")
+
+
+PATH_FIELDS = ("checkpoint", "cache_dir", "data_dir", "mlflow_uri")  # leaf keys that hold a file-system path
+REMOTE_URI = re.compile(r"https?://", re.IGNORECASE)  # an MLflow tracking server: not a path
+
+
+def check_paths(out: dict, file: str, cli_keys: set[str]) -> None:
+    """Refuse a path from the recipe file that leaves the workspace; `cli_keys` (dotted keys the user typed on the
+    command line) are the user's own choice and pass."""
+    for path, v in _walk({k: out.get(k) for k in ("task", "tracking", "grid", "model", "train", "eval")}, ""):
+        key = re.sub(r"\[\d+\]", "", path)  # grid[0].task.checkpoint[1] -> grid.task.checkpoint
+        key = key[len("grid."):] if key.startswith("grid.") else key
+        if key.rsplit(".", 1)[-1] not in PATH_FIELDS or not isinstance(v, str) or not v or key in cli_keys:
+            continue
+        if key.endswith("mlflow_uri"):
+            if not REMOTE_URI.match(v):
+                raise RecipeError(f"{v!r}: a recipe may name an MLflow server (http://HOST:PORT), not a local store; "
+                                  f"pass it on the command line ({key}=...) or set DPX_MLFLOW_URI", file, path)
+            continue
+        parts = Path(v).parts
+        if v.startswith(("/", "~")) or ".." in parts or "://" in v:
+            raise RecipeError(f"{v!r} leaves the workspace (paths in a recipe are relative to the trial's run dir, "
+                              f"without '..'); pass it on the command line ({key}={v}) to use it anyway", file, path)
 
 
 def _walk(v: Any, path: str):

@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from .errors import RecipeError, did_you_mean
-from .limits import check_recipe, load_yaml, read_recipe_text
+from .limits import check_paths, check_recipe, load_yaml, read_recipe_text
 
 TOP_KEYS = ("name", "description", "version", "base", "model", "task", "train", "eval", "hardware", "tracking",
             "grid", "seeds", "scales")
@@ -218,6 +218,7 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> dict:
     if ov.scales:
         out["scale"] = "+".join(ov.scales)
     check_recipe(out, file)  # names, seeds, NaN/inf, sizes, experiment name, grid size (limits.py)
+    check_paths(out, file, {key for _, key, _ in ov.ops})  # recipe paths stay in the workspace; typed ones pass
     return out
 
 

@@ -52,6 +52,13 @@ BAD = {  # name -> (recipe text, overrides, what the one line must say)
     "1e6-point grid": (OK + "grid: {task.value: " + str(list(range(1000))) + ", task.steps: "
                        + str(list(range(1000))) + "}\n", [], "--max-trials 1000000"),
     "2 MB recipe": (OK + "description: '" + "x" * (2 << 20) + "'\n", [], "byte"),
+    # paths a recipe file names stay inside the workspace (relative to the trial's run dir, no '..')
+    "checkpoint outside": ("name: lm\ntask: {name: lm, checkpoint: /etc/ckpt}\n", [], "task.checkpoint"),
+    "cache_dir climbs out": ("name: w\ntask: {name: word_problem, cache_dir: ../../x}\n", [], "leaves the workspace"),
+    "cache_dir under home": ("name: w\ntask: {name: word_problem, cache_dir: ~/x}\n", [], "task.cache_dir"),
+    "data_dir in a grid": ("name: lm\ntask: {name: lm}\ngrid: {task.lm_eval.data_dir: [d, /data/x]}\n", [],
+                           "grid.task.lm_eval.data_dir[1]"),
+    "local MLflow store": (OK + "tracking: {mlflow_uri: 'sqlite:////tmp/other.db'}\n", [], "not a local store"),
     # Hydra's override grammar has no YAML anchors: the bomb is refused as unparsable, before anything unfolds
     "override alias bomb": (OK, ["eval.extra=" + _bomb().split("\n" + OK)[0].replace("\n", ", ").join("{}")],
                             "cannot parse override"),
@@ -72,6 +79,20 @@ def test_bad_recipe_is_one_line(tmp_path, case):
     line = e.value.line()
     assert "\n" not in line and line.startswith(str(p)) and want in line, line
     assert time.time() - t0 < 10, f"{case}: {time.time() - t0:.1f} s"
+
+
+def test_paths_typed_on_the_command_line_pass(tmp_path):
+    """The user's own paths (CLI overrides) and paths inside the workspace are accepted: relative ones and an
+    MLflow server URI in the recipe, absolute ones typed as overrides (also as a sweep)."""
+    from dpx.orchestrator.trials import expand
+
+    p = tmp_path / "w.yaml"
+    p.write_text("name: w\nmodel: {family: deltaproduct}\ntask: {name: word_problem, cache_dir: cache/pools}\n"
+                 "tracking: {mlflow_uri: http://h:5000}\n")
+    assert expand(p).trials[0].config["task"]["cache_dir"] == "cache/pools"
+    t = expand(p, [f"task.cache_dir={tmp_path}/pools", "tracking.mlflow_uri=sqlite:////tmp/mine.db"]).trials
+    assert t[0].config["task"]["cache_dir"] == f"{tmp_path}/pools"
+    assert len(expand(p, [f"task.cache_dir={tmp_path}/a,{tmp_path}/b"]).trials) == 2
 
 
 def test_grid_limit_is_raised_by_max_trials(tmp_path, dpx):
