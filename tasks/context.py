@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol
 
-from dpx.rundir import CHECKPOINTS, FIGURES, METRICS, PROGRESS
-from dpx.rundir import atomic_write_json  # noqa: F401  (re-exported: tasks write JSON through it)
+from dpx.rundir import (CHECKPOINTS, FIGURES, METRICS, PROGRESS,
+                        atomic_write_json)  # noqa: F401  (atomic_write_json re-exported: tasks write JSON through it)
 
 
 LAST_CHECKPOINT = "last.pt"

@@ -288,7 +288,7 @@ def task_dir(tasks: list[str], local: bool = False, data_dir: str | Path | None 
 
 
 def evaluate(model, tok, opts: LMEvalOptions, ctx, context_len: int = 2048) -> dict:
-    """Run the harness; summary keys as in dpx.registry.keys (wikitext_ppl, lambada_ppl, ..., avg_acc)."""
+    """Run the harness; summary keys as in dpx.rundir (wikitext_ppl, lambada_ppl, ..., avg_acc)."""
     DpxLM = lm_eval_class()  # noqa: N806 - the class, made on first use
     import lm_eval  # lm_eval: heavy and optional, loaded on first use
     from lm_eval.tasks import TaskManager

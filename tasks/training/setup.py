@@ -55,7 +55,7 @@ class TrialSetup:
             yield self.model
 
     def summary(self, result: FitResult) -> dict:
-        """The keys every training task reports (registry/keys.py): throughput, size, last validation, train/*."""
+        """The keys every training task reports (dpx.rundir): throughput, size, last validation, train/*."""
         return {TOKENS_PER_S: round(result.tokens_per_s, 1), NUM_PARAMS: num_params(self.model),
                 **result.last_eval, **result.summary()}
 
