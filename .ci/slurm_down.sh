@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Stop the cluster .ci/slurm_up.sh started in DIR: cancel its jobs, then TERM each daemon by its pid file (never by
-# name), waiting for each; munged only when slurm_up started it.   usage: .ci/slurm_down.sh DIR
+# name), waiting for each: every node's slurmd (slurmd.pid, or slurmd-nI.pid of a cluster of several nodes) first;
+# munged only when slurm_up started it. A pid file whose process is gone, or is no longer that daemon (a node a test
+# killed, its pid reused), is skipped.   usage: .ci/slurm_down.sh DIR
 set -uo pipefail
 D=${1:?usage: slurm_down.sh DIR}
 export SLURM_CONF=$D/slurm.conf
@@ -8,10 +10,12 @@ if [ -f "$D/slurmctld.pid" ] && kill -0 "$(cat "$D/slurmctld.pid")" 2>/dev/null;
   scancel --quiet --full -u "$(id -un)" 2>/dev/null || true
   for i in $(seq 50); do [ -z "$(squeue -h 2>/dev/null)" ] && break; sleep 0.2; done
 fi
-for f in slurmd slurmctld slurmdbd mariadbd munged; do
-  [ -f "$D/$f.pid" ] || continue
-  p=$(cat "$D/$f.pid")
+for pf in "$D"/slurmd.pid "$D"/slurmd-*.pid "$D"/{slurmctld,slurmdbd,mariadbd,munged}.pid; do
+  [ -f "$pf" ] || continue
+  f=$(basename "$pf" .pid) && f=${f%%-*}
+  p=$(cat "$pf")
   kill -0 "$p" 2>/dev/null || continue
+  tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | grep -q "$f" || continue
   kill -TERM "$p"
   for i in $(seq 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
   kill -0 "$p" 2>/dev/null && { echo "slurm_down: $f ($p) ignored TERM, killing"; kill -KILL "$p"; }

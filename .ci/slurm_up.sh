@@ -1,21 +1,45 @@
 #!/usr/bin/env bash
-# Start a private one-node Slurm cluster WITH accounting (so sacct works) from Debian's packages:
+# Start a private Slurm cluster WITH accounting (so sacct works) from Debian's packages:
 # munged (reused when one already answers), MariaDB (own datadir, loopback, no grants), slurmdbd, slurmctld, slurmd.
 # Everything lives in DIR (keep it short: Slurm and MariaDB put sockets there); ports are picked free.
 # Prints the line to eval: `export SLURM_CONF=DIR/slurm.conf`. Stop with .ci/slurm_down.sh DIR (by pid files).
-#   usage: .ci/slurm_up.sh DIR        needs root and: slurm-wlm munge slurmdbd mariadb-server (.ci/services)
+#   usage: .ci/slurm_up.sh DIR [NODES]   needs root and: slurm-wlm munge slurmdbd mariadb-server (.ci/services)
+# NODES=1 (default): one node `localhost` (slurmd.pid, slurmd.log, spool/). NODES=N>1: nodes n1..nN on this one
+# host under one slurmctld, in one partition, each its own slurmd (`slurmd -N nI`) on its own port, with its own
+# spool/nI, slurmd-nI.pid and slurmd-nI.log; each node has all the CPUs (slurmd drains a node configured with more
+# than the machine has, not fewer: the nodes share the cores, which sleeping test trials do not use) and 1/N of the
+# memory; the script returns once every node is idle.
 set -euo pipefail
-D=$(mkdir -p "${1:?usage: slurm_up.sh DIR}" && cd "$1" && pwd)
+D=$(mkdir -p "${1:?usage: slurm_up.sh DIR [NODES]}" && cd "$1" && pwd)
+N=${2:-1}
+[[ "$N" =~ ^[1-9][0-9]?$ ]] || { echo "slurm_up: NODES must be 1..99, not $N" >&2; exit 2; }
 for b in slurmctld slurmd slurmdbd munged mariadbd sinfo sacctmgr; do
   command -v $b >/dev/null || [ -x /usr/sbin/$b ] || { echo "slurm_up: $b not installed (run .ci/services)" >&2; exit 3; }
 done
 [ "$(id -u)" = 0 ] || { echo "slurm_up: must run as root (daemons run as root on this toy cluster)" >&2; exit 3; }
 mkdir -p "$D/state" "$D/spool" "$D/mysql"
-read -r P_CTLD P_SLURMD P_DBD P_SQL < <(python3 -c '
-import socket; ss=[socket.socket() for _ in range(4)]
-[s.bind(("127.0.0.1", 0)) for s in ss]; print(*[s.getsockname()[1] for s in ss]); [s.close() for s in ss]')
+read -r P_CTLD P_SLURMD P_DBD P_SQL P_NODES < <(python3 -c '
+import socket, sys; ss=[socket.socket() for _ in range(4 + int(sys.argv[1]))]
+[s.bind(("127.0.0.1", 0)) for s in ss]; print(*[s.getsockname()[1] for s in ss]); [s.close() for s in ss]' "$N")
+read -r -a P_NODES <<< "$P_NODES"
 CPUS=$(nproc)
-MEM=$(awk '/MemTotal/ {print int($2 / 1024 * 0.8)}' /proc/meminfo)
+MEM=$(awk -v n="$N" '/MemTotal/ {print int($2 / 1024 * 0.8 / n)}' /proc/meminfo)
+if [ "$N" = 1 ]; then
+  NODES=(localhost)
+  SPOOL=$D/spool PIDF=$D/slurmd.pid LOGF=$D/slurmd.log
+  NODELINES="NodeName=localhost NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=$MEM State=UNKNOWN"
+else
+  NODES=() NODELINES=""
+  for i in $(seq "$N"); do
+    NODES+=("n$i")
+    NODELINES+="NodeName=n$i NodeHostname=localhost NodeAddr=127.0.0.1 Port=${P_NODES[$((i - 1))]} CPUs=$CPUS"
+    NODELINES+=" RealMemory=$MEM State=UNKNOWN"$'\n'
+    mkdir -p "$D/spool/n$i"
+  done
+  NODELINES=${NODELINES%$'\n'}
+  SPOOL=$D/spool/%n PIDF=$D/slurmd-%n.pid LOGF=$D/slurmd-%n.log  # %n: the node name
+fi
+NODELIST=$(IFS=,; echo "${NODES[*]}")
 export SLURM_CONF=$D/slurm.conf
 
 # munge: one daemon per machine (its socket path is fixed); reuse a live one, else start ours and remember it
@@ -49,7 +73,7 @@ EOF
 chmod 600 "$D/slurmdbd.conf"
 
 cat > "$D/slurm.conf" <<EOF
-# one-node toy cluster: root daemons, no cgroups (proctrack/linuxproc), accounting through slurmdbd
+# $N-node toy cluster on one host: root daemons, no cgroups (proctrack/linuxproc), accounting through slurmdbd
 ClusterName=dpxci
 SlurmctldHost=localhost(127.0.0.1)
 SlurmUser=root
@@ -74,11 +98,11 @@ ReturnToService=2
 SlurmctldPort=$P_CTLD
 SlurmdPort=$P_SLURMD
 StateSaveLocation=$D/state
-SlurmdSpoolDir=$D/spool
+SlurmdSpoolDir=$SPOOL
 SlurmctldPidFile=$D/slurmctld.pid
-SlurmdPidFile=$D/slurmd.pid
+SlurmdPidFile=$PIDF
 SlurmctldLogFile=$D/slurmctld.log
-SlurmdLogFile=$D/slurmd.log
+SlurmdLogFile=$LOGF
 SlurmctldTimeout=30
 SlurmdTimeout=30
 InactiveLimit=0
@@ -86,8 +110,8 @@ MinJobAge=600
 KillWait=10
 Waittime=0
 MaxArraySize=10001
-NodeName=localhost NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=$MEM State=UNKNOWN
-PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
+$NODELINES
+PartitionName=debug Nodes=$NODELIST Default=YES MaxTime=INFINITE State=UP
 EOF
 
 /usr/sbin/slurmdbd
@@ -95,7 +119,9 @@ for i in $(seq 100); do sacctmgr -n show cluster >/dev/null 2>&1 && break; sleep
 sacctmgr -i add cluster dpxci >/dev/null 2>&1 || true
 /usr/sbin/slurmctld -i
 for i in $(seq 100); do scontrol ping 2>/dev/null | grep -q UP && break; sleep 0.1; done
-/usr/sbin/slurmd -N localhost
-for i in $(seq 300); do sinfo -h -o %T 2>/dev/null | grep -q -E '^idle' && break; sleep 0.1; done
-sinfo -h -o %T | grep -q -E '^idle' || { echo "slurm_up: node never became idle; see $D/*.log" >&2; exit 1; }
+for n in "${NODES[@]}"; do /usr/sbin/slurmd -N "$n"; done
+idle() { [ "$(sinfo -h -N -t idle -o %N 2>/dev/null | sort -u | wc -l)" = "$N" ]; }  # every node idle
+for i in $(seq 300); do idle && break; sleep 0.1; done
+idle || { echo "slurm_up: not every node became idle ($(sinfo -h -N -o '%N %T' | tr '\n' ' ')); see $D/*.log" >&2
+          exit 1; }
 echo "export SLURM_CONF=$SLURM_CONF"

@@ -237,14 +237,15 @@ def run_case(c) -> dict:
         q, k, v, beta, g, h0 = inputs
         f = lambda x: None if x is None else x.to(dtype)
         t0 = time.time()
-        o, S = dec(f(q), f(k), f(v), None if g is None else g.float(), f(beta), c["n"], scale=c["K"] ** -0.5,
-                   initial_state=None if h0 is None else h0.float(), output_final_state=True,
+        o, S = dec(f(q), f(k), f(v), None if g is None else g.float(), f(beta), num_householder=c["n"],
+                   scale=c["K"] ** -0.5, initial_state=None if h0 is None else h0.float(), output_final_state=True,
                    use_qk_l2norm_in_kernel=True)
         _sync()
         row["kernel_s"] = round(time.time() - t0, 2)
         q, k, v, beta, g, h0 = rounded
-        o_r, S_r = torch_chunk_gated_delta_product(q, k, v, beta, g, c["n"], scale=c["K"] ** -0.5, initial_state=h0,
-                                                   output_final_state=True, use_qk_l2norm_in_kernel=True)
+        o_r, S_r = torch_chunk_gated_delta_product(q, k, v, g, beta, num_householder=c["n"], scale=c["K"] ** -0.5,
+                                                   initial_state=h0, output_final_state=True,
+                                                   use_qk_l2norm_in_kernel=True)
         row["errors"] = {"o": _rel(o, o_r), "ht": _rel(S, S_r)}
         return row
     from dpx.kernels.delta_product.chunk import backward_path, chunk_gated_delta_product
@@ -258,7 +259,7 @@ def run_case(c) -> dict:
     out = _run_chunk(c, chunk_gated_delta_product, inputs, dtype, do, dht)
     _sync()
     row["kernel_s"] = round(time.time() - t0, 2)  # first call: includes compile and autotuning
-    ref_fn = lambda q, k, v, g, b, n, **kw: torch_chunk_gated_delta_product(q, k, v, b, g, n, **kw)
+    ref_fn = lambda q, k, v, g, b, n, **kw: torch_chunk_gated_delta_product(q, k, v, g, b, num_householder=n, **kw)
     ref = _run_chunk(c, ref_fn, rounded, torch.float64, do.double(), dht.double())
     row["errors"] = {nm: _rel(out[nm], ref[nm]) for nm in NAMES if ref.get(nm) is not None}
     missing = [nm for nm in NAMES if (ref.get(nm) is None) != (out.get(nm) is None)]

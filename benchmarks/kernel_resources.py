@@ -135,7 +135,8 @@ def launches(dtype: torch.dtype, d: int, n: int, gated: bool, bwd_fp32: str) -> 
         (o.float().sum() + ht.sum()).backward()
         with torch.no_grad():
             fused_recurrent_gated_delta_product(q[:, :1], k[:, :n], v[:, :n], None if gate is None else gate[:, :1],
-                                                beta[:, :n], n, initial_state=h0, output_final_state=True)
+                                                beta[:, :n], num_householder=n, initial_state=h0,
+                                                output_final_state=True)
     old = os.environ.get("DPX_KERNEL_BWD_FP32")
     os.environ["DPX_KERNEL_BWD_FP32"] = bwd_fp32
     try:

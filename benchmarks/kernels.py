@@ -194,7 +194,8 @@ def main():
         ys = [None if x is None else x.detach().float().requires_grad_() for x in xs]
         h1 = h0.detach().clone().requires_grad_()
         q, k, v, g, beta = ys
-        o2, ht2 = gated_delta_product(q, k, v, beta, g, n, initial_state=h1, output_final_state=True, impl="torch")
+        o2, ht2 = gated_delta_product(q, k, v, g, beta, num_householder=n, initial_state=h1, output_final_state=True,
+                                       impl="torch")
         gr2 = torch.autograd.grad([o2, ht2], [y for y in ys if y is not None] + [h1], [do.float(), dht])
         names = ["dq", "dk", "dv"] + (["dg"] if gated else []) + ["dbeta", "dh0"]
         errs = {"o": rel(o, o2), "ht": rel(ht, ht2), **{nm: rel(a, b) for nm, a, b in zip(names, gr, gr2)}}
@@ -209,7 +210,7 @@ def main():
     q, k, v, g, beta = xs
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    naive_recurrent_gated_delta_product(q, k, v, beta, g, 2)
+    naive_recurrent_gated_delta_product(q, k, v, g, beta, num_householder=2)
     torch.cuda.synchronize()
     t_naive = (time.perf_counter() - t0) * 1e3
     with torch.no_grad():
@@ -223,7 +224,7 @@ def main():
         Bd = 64
         q, k, v, g, beta = inputs(Bd, 1, H, K, V, n, True, torch.bfloat16, dev)
         S = torch.randn(Bd, H, K, V, device=dev)
-        step = lambda: fused_recurrent_gated_delta_product(q, k, v, g, beta, n, initial_state=S,
+        step = lambda: fused_recurrent_gated_delta_product(q, k, v, g, beta, num_householder=n, initial_state=S,
                                                            output_final_state=True)
         t = bench(step)
         t_graph = bench_graph(step)

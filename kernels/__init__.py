@@ -1,39 +1,53 @@
-"""dpx.kernels: the DeltaProduct kernel family (n_h = 1 is (Gated) DeltaNet).
+"""dpx.kernels: the recurrences of every model family, one folder per op (fla's layout).
 
-Public API:
-- `gated_delta_product(q, k, v, beta, g=None, num_householder=1, ..., impl="auto")`: training/prefill entry that
-  dispatches to the Triton chunk kernel on CUDA and to the PyTorch chunkwise implementation on CPU.
-- `gated_delta_product_step(q, k, v, beta, g=None, state=None, ...)`: decode one or a few tokens, state in and out.
-- `chunk_gated_delta_product`, `fused_recurrent_gated_delta_product`: drop-ins for fla's names and argument order
-  (q, k, v, g, beta, num_householder, ...), float32 accepted. Triton is imported only when these are first used.
-- `naive_recurrent_gated_delta_product`, `torch_chunk_gated_delta_product`: references.
+- `delta_product/`: (Gated) DeltaProduct (n_h = 1 is (Gated) DeltaNet). Every entry point takes fla's order
+  `(q, k, v, g, beta, ...)`:
+  - `gated_delta_product(q, k, v, g, beta, *, num_householder=1, ..., impl="auto")`: training/prefill; the one
+    place an implementation is chosen (Triton chunk kernel on CUDA, PyTorch chunkwise on CPU, the token loop).
+  - `gated_delta_product_step(q, k, v, g, beta, *, state=None, ..., impl="auto")`: decode a few tokens.
+  - `chunk_gated_delta_product`, `fused_recurrent_gated_delta_product`: drop-ins for fla's names, float32 accepted
+    (the first with fla's positional signature). Triton is imported only when these are first used.
+  - `naive_recurrent_gated_delta_product` (the oracle), `torch_chunk_gated_delta_product` (the CPU path).
+- `linear_recurrence/`: diagonal decay plus an optional rank-one term, the recurrence of every other family
+  (linear attention, RetNet, GLA, RWKV-4..7, Mamba, Mamba-2): `gated_linear_recurrence(q, k, v, w, *, a, b, u, ...,
+  impl)`, with `naive_gated_linear_recurrence` (token loop, the oracle) and `torch_chunk_gated_linear_recurrence`.
+- `fused/`: the delta layers' glue (short conv, L2 norm, gated RMSNorm) as fused Triton ops.
 
-Layouts (fla): q [B, T, H, K]; k [B, T*n, H, K], v [B, T*n, H, V], beta [B, T*n, H] interleaved per token
+Delta layouts (fla): q [B, T, H, K]; k [B, T*n, H, K], v [B, T*n, H, V], beta [B, T*n, H] interleaved per token
 (index t*n + j); g [B, T, H] log-space per token or None; initial/final state [N, H, K, V] with N = B, or the
 number of sequences when `cu_seqlens` [N+1] (token offsets, B = 1) is given.
 
 The environment variable DPX_KERNEL_IMPL ("triton", "torch", "naive") overrides impl="auto".
+
+`import dpx.kernels` imports neither torch nor triton: `IMPLS` lives here so that the torch-free config classes
+(models/config.py, imported by recipe expansion) validate `model.impl` against the kernels' own list; every op
+loads on first attribute access.
 """
 from __future__ import annotations
 
+import importlib
 import os
-
-import torch
-
-from .delta_product.naive import naive_recurrent_gated_delta_product
-from .delta_product.torch_chunk import torch_chunk_gated_delta_product
 
 IMPLS = ("auto", "triton", "torch", "naive")
 
-__all__ = [
-    "IMPLS", "gated_delta_product", "gated_delta_product_step", "chunk_gated_delta_product",
-    "fused_recurrent_gated_delta_product", "naive_recurrent_gated_delta_product", "torch_chunk_gated_delta_product",
-    "resolve_impl",
-]
+_OPS = {
+    "gated_delta_product": ".delta_product.dispatch", "gated_delta_product_step": ".delta_product.dispatch",
+    "chunk_gated_delta_product": ".delta_product.chunk",
+    "fused_recurrent_gated_delta_product": ".delta_product.fused_recurrent",
+    "naive_recurrent_gated_delta_product": ".delta_product.naive",
+    "torch_chunk_gated_delta_product": ".delta_product.torch_chunk",
+    "gated_linear_recurrence": ".linear_recurrence.dispatch",
+    "naive_gated_linear_recurrence": ".linear_recurrence.naive",
+    "torch_chunk_gated_linear_recurrence": ".linear_recurrence.torch_chunk",
+}
+_SUBPACKAGES = ("delta_product", "linear_recurrence", "fused", "utils")
+
+__all__ = ["IMPLS", "resolve_impl", *_OPS]
 
 
-def resolve_impl(impl: str, device: torch.device) -> str:
-    """Turn "auto" (or DPX_KERNEL_IMPL) into a concrete implementation name; loud on unknown names."""
+def resolve_impl(impl: str, device) -> str:
+    """Turn "auto" (or DPX_KERNEL_IMPL) into a concrete implementation name for a torch.device; loud on unknown
+    names."""
     if impl not in IMPLS:
         raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
     if impl == "auto":
@@ -45,67 +59,9 @@ def resolve_impl(impl: str, device: torch.device) -> str:
     return impl
 
 
-def gated_delta_product(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    beta: torch.Tensor,
-    g: torch.Tensor | None = None,
-    num_householder: int = 1,
-    scale: float | None = None,
-    initial_state: torch.Tensor | None = None,
-    output_final_state: bool = False,
-    cu_seqlens: torch.LongTensor | None = None,
-    use_qk_l2norm_in_kernel: bool = False,
-    impl: str = "auto",
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Chunkwise (Gated) DeltaProduct; returns (o [B, T, H, V], final_state [N, H, K, V] float32 or None)."""
-    impl = resolve_impl(impl, q.device)
-    kw = dict(num_householder=num_householder, scale=scale, initial_state=initial_state,
-              output_final_state=output_final_state, cu_seqlens=cu_seqlens,
-              use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
-    if impl == "triton":
-        from .delta_product.chunk import chunk_gated_delta_product as fn
-        return fn(q, k, v, g, beta, **kw)
-    if impl == "naive":
-        return naive_recurrent_gated_delta_product(q, k, v, beta, g, **kw)
-    return torch_chunk_gated_delta_product(q, k, v, beta, g, **kw)
-
-
-def gated_delta_product_step(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    beta: torch.Tensor,
-    g: torch.Tensor | None = None,
-    state: torch.Tensor | None = None,
-    num_householder: int = 1,
-    scale: float | None = None,
-    use_qk_l2norm_in_kernel: bool = False,
-    impl: str = "auto",
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Decode one or a few tokens (q [B, t, H, K], t small) from `state` [B, H, K, V] (None = zeros).
-
-    Returns (o [B, t, H, V], new state [B, H, K, V] float32). "auto" uses the Triton recurrent kernel on CUDA and
-    the token loop on CPU (which for a few tokens is as fast as anything else there).
-    """
-    impl = resolve_impl(impl, q.device)
-    kw = dict(num_householder=num_householder, scale=scale, initial_state=state, output_final_state=True,
-              use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
-    if impl == "triton":
-        from .delta_product.fused_recurrent import fused_recurrent_gated_delta_product as fn
-        return fn(q, k, v, g, beta, **kw)
-    if impl == "torch":
-        return torch_chunk_gated_delta_product(q, k, v, beta, g, **kw)
-    return naive_recurrent_gated_delta_product(q, k, v, beta, g, **kw)
-
-
 def __getattr__(name: str):
-    # the Triton drop-ins are resolved on first use, so `import dpx.kernels` never imports triton
-    if name == "chunk_gated_delta_product":
-        from .delta_product.chunk import chunk_gated_delta_product
-        return chunk_gated_delta_product
-    if name == "fused_recurrent_gated_delta_product":
-        from .delta_product.fused_recurrent import fused_recurrent_gated_delta_product
-        return fused_recurrent_gated_delta_product
+    if name in _OPS:
+        return getattr(importlib.import_module(_OPS[name], __name__), name)
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,13 +11,11 @@ import difflib
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-FAMILIES = (
-    "linear_attention", "retnet", "rwkv4", "rwkv5", "rwkv6", "gla", "mamba", "mamba2",
-    "deltanet", "gated_deltanet", "rwkv7", "deltaproduct", "gated_deltaproduct", "transformer",
-)
-DELTA_FAMILIES = ("deltanet", "gated_deltanet", "deltaproduct", "gated_deltaproduct")
+from ..kernels import IMPLS  # the kernels' own list; dpx.kernels imports no torch (its docstring says why)
+from .family_names import DELTA_FAMILIES, FAMILIES
+from .plugins import families
+
 MATCHING_MODES = ("none", "heads", "head_dim", "mlp")
-IMPLS = ("auto", "triton", "torch", "naive")
 INITS = ("default", "authors")
 # beta_range names the eigenvalue range of each Householder factor I - beta k k^T (unit k): [0,1] <-> beta in
 # [0,1] (sigmoid), [-1,1] <-> beta in [0,2] (2 * sigmoid), the paper's two settings.
@@ -147,9 +145,7 @@ class ModelConfig:
 
     def __post_init__(self):
         if self.family not in FAMILIES:
-            from .plugins import families  # entry-point families of other packages (models/plugins.py)
-
-            known = families()
+            known = families()  # with the entry-point families of other packages (models/plugins.py)
             if self.family not in known:
                 raise ValueError(f"family: unknown family {self.family!r}" + did_you_mean(self.family, known)
                                  + f"; choose one of {', '.join(known)}")

@@ -7,6 +7,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..kernels import fused
+
 
 class RMSNorm(nn.Module):
     """x / rms(x) * weight over the last axis, computed in float32 (or float64) and cast back.
@@ -31,8 +33,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._use_fused(x):
-            from ..kernels.fused import rms_norm_gated
-            return rms_norm_gated(x, self.weight, None, self.eps, impl=self.fused_impl)
+            return fused.rms_norm_gated(x, self.weight, None, self.eps, impl=self.fused_impl)
         dt = x.dtype
         xf = x.float() if dt in (torch.float16, torch.bfloat16) else x
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)

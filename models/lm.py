@@ -16,42 +16,18 @@ from typing import NamedTuple
 
 import torch
 import torch.nn as nn
+from safetensors.torch import load_file, save_file
 
+from .block import Block
 from .config import ModelConfig
-from .layers import RMSNorm, ShortConv, SwiGLU
-from .mixers import get_mixer
+from .layers import RMSNorm, ShortConv
+from .matching import num_params, resolve
 
 
 class LMOutput(NamedTuple):
     logits: torch.Tensor
     states: list[dict] | None = None
     aux: list[dict] | None = None
-
-
-class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int):
-        super().__init__()
-        self.layer_idx = layer_idx
-        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
-        self.attn = get_mixer(cfg.family)(cfg)
-        self.mlp = None
-        if cfg.mlp_size > 0:
-            self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
-            self.mlp = SwiGLU(cfg.hidden_size, cfg.mlp_size)
-
-    def forward(self, x, state=None, mode=None):
-        y, state = self.attn(self.attn_norm(x), state, mode=mode)
-        x = x + y
-        if self.mlp is not None:
-            x = x + self.mlp(self.mlp_norm(x))
-        return x, state
-
-    def step(self, x_t, state=None):
-        y, state = self.attn.step(self.attn_norm(x_t), state)
-        x_t = x_t + y
-        if self.mlp is not None:
-            x_t = x_t + self.mlp(self.mlp_norm(x_t))
-        return x_t, state
 
 
 class LanguageModel(nn.Module):
@@ -118,11 +94,10 @@ class LanguageModel(nn.Module):
         return self.head(h), states
 
     def num_params(self, exclude_embeddings: bool = False) -> int:
-        n = sum(p.numel() for p in self.parameters())
+        n = num_params(self)
         return n - self.embeddings.weight.numel() if exclude_embeddings else n
 
     def save_pretrained(self, path: str | Path) -> None:
-        from safetensors.torch import save_file
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         sd = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
@@ -132,13 +107,11 @@ class LanguageModel(nn.Module):
 
 def build_model(cfg: ModelConfig | dict) -> LanguageModel:
     """ModelConfig (or its dict) -> LanguageModel, after parameter matching resolves the free dimension."""
-    from .matching import resolve
     cfg = ModelConfig.from_dict(cfg) if isinstance(cfg, dict) else cfg
     return LanguageModel(resolve(cfg))
 
 
 def load_pretrained(path: str | Path, map_location: str | torch.device = "cpu") -> LanguageModel:
-    from safetensors.torch import load_file
     path = Path(path)
     cfg = ModelConfig.from_dict(json.loads((path / "config.json").read_text()))
     sd = load_file(str(path / "model.safetensors"), device=str(map_location))

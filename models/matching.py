@@ -14,16 +14,20 @@ from __future__ import annotations
 
 import math
 
+import torch
+
+from .block import Block
 from .config import ModelConfig
 
 
-def _block_params(cfg: ModelConfig) -> int:
-    import torch
+def num_params(module: torch.nn.Module) -> int:
+    """The parameter count of a built module (every parameter, tied ones once): the one count dpx reports."""
+    return sum(p.numel() for p in module.parameters())
 
-    from .lm import Block
+
+def _block_params(cfg: ModelConfig) -> int:
     with torch.device("meta"):
-        block = Block(cfg, 0)
-    return sum(p.numel() for p in block.parameters())
+        return num_params(Block(cfg, 0))
 
 
 def count_params(cfg: ModelConfig, exclude_embeddings: bool = False) -> int:

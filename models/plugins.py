@@ -19,6 +19,9 @@ from __future__ import annotations
 import functools
 import importlib
 import sys
+from importlib.metadata import entry_points
+
+from .family_names import FAMILIES
 
 GROUP = "dpx.models"
 
@@ -26,10 +29,6 @@ GROUP = "dpx.models"
 @functools.lru_cache(maxsize=1)
 def specs() -> dict[str, dict]:
     """{family: spec} of the installed plugins (names and import paths only: nothing is imported)."""
-    from importlib.metadata import entry_points
-
-    from .config import FAMILIES
-
     out = {}
     for ep in entry_points(group=GROUP):
         if ep.name in FAMILIES:
@@ -49,8 +48,6 @@ def specs() -> dict[str, dict]:
 
 def families() -> tuple[str, ...]:
     """The built-in families, then the plugins' (what `model.family` accepts)."""
-    from .config import FAMILIES
-
     return FAMILIES + tuple(f for f in specs() if f not in FAMILIES)
 
 
@@ -61,7 +58,7 @@ def mixer_class(family: str):
         return None
     module, _, name = spec["mixer"].partition(":")
     cls = getattr(importlib.import_module(module), name)
-    from .mixers.base import Mixer
+    from .mixers.base import Mixer  # here, not at the top: config.py imports this module and must not load torch
 
     if not (isinstance(cls, type) and issubclass(cls, Mixer)):
         raise TypeError(f"model plugin {family!r}: {spec['mixer']} is not a dpx.models.mixers.Mixer subclass")

@@ -3,6 +3,7 @@
 Skipped, with the reason, only where the packages are missing and cannot be installed (not root, no apt)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -26,27 +27,40 @@ def _have_slurm() -> bool:
                for b in ("slurmctld", "slurmd", "slurmdbd", "munged", "mariadbd", "sbatch"))
 
 
-@pytest.fixture(scope="module")
-def slurm():
+@contextlib.contextmanager
+def slurm_cluster(nodes: int = 1):
+    """A private cluster of `nodes` slurmd nodes on this host (.ci/slurm_up.sh DIR NODES; one `localhost` node, or
+    n1..nN), SLURM_CONF pointing at it meanwhile; stopped by pid files afterwards. Skips where Slurm is missing."""
     if not _have_slurm() and os.geteuid() == 0:
         subprocess.run(["bash", str(REPO / ".ci" / "services")], capture_output=True, timeout=600)
     if not _have_slurm():
         pytest.skip("Slurm packages (slurm-wlm munge slurmdbd mariadb-server) are not installed and could not be "
                     "installed here (needs root and apt: .ci/services)")
+    if os.geteuid() != 0:
+        pytest.skip("the toy Slurm cluster runs its daemons as root (.ci/slurm_up.sh): run the Slurm tests as root")
     d = tempfile.mkdtemp(prefix="dpxslurm", dir="/tmp")  # short: sockets live there
-    r = subprocess.run(["bash", str(REPO / ".ci" / "slurm_up.sh"), d], capture_output=True, text=True, timeout=180)
+    r = subprocess.run(["bash", str(REPO / ".ci" / "slurm_up.sh"), d, str(nodes)], capture_output=True, text=True,
+                       timeout=180)
     if r.returncode != 0:
         subprocess.run(["bash", str(REPO / ".ci" / "slurm_down.sh"), d], timeout=120)
         pytest.fail(f"slurm_up.sh failed: {r.stdout[-1000:]} {r.stderr[-2000:]}")
     old = os.environ.get("SLURM_CONF")
     os.environ["SLURM_CONF"] = f"{d}/slurm.conf"
-    yield d
-    subprocess.run(["bash", str(REPO / ".ci" / "slurm_down.sh"), d], timeout=180)
-    if old is None:
-        os.environ.pop("SLURM_CONF", None)
-    else:
-        os.environ["SLURM_CONF"] = old
-    shutil.rmtree(d, ignore_errors=True)
+    try:
+        yield d
+    finally:
+        subprocess.run(["bash", str(REPO / ".ci" / "slurm_down.sh"), d], timeout=180)
+        if old is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = old
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    with slurm_cluster(1) as d:
+        yield d
 
 
 def rows_of(ws: Path, recipe: str) -> dict[str, dict]:
@@ -71,10 +85,9 @@ def slurm_report(job: str | None = None) -> str:
         r = subprocess.run(c, capture_output=True, text=True)
         out.append(f"$ {' '.join(c)}\n{r.stdout}{r.stderr}")
     d = Path(os.environ.get("SLURM_CONF", "/nonexistent")).parent
-    for log in ("slurmctld.log", "slurmd.log"):
-        f = d / log
+    for f in [d / "slurmctld.log", *sorted(d.glob("slurmd*.log"))]:  # slurmd.log, or slurmd-nI.log per node
         if f.exists():
-            out.append(f"--- {log} (tail)\n" + "\n".join(f.read_text(errors="replace").splitlines()[-40:]))
+            out.append(f"--- {f.name} (tail)\n" + "\n".join(f.read_text(errors="replace").splitlines()[-40:]))
     return "\n".join(out)
 
 

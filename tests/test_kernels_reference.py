@@ -35,7 +35,7 @@ def cotangents(o_shape, ht_shape):
 def grads(fn, inputs, **kw):
     xs = [x if x is None else x.detach().clone().requires_grad_() for x in inputs]
     q, k, v, beta, g, h0 = xs
-    o, ht = fn(q, k, v, beta, g, initial_state=h0, output_final_state=True, **kw)
+    o, ht = fn(q, k, v, g, beta, initial_state=h0, output_final_state=True, **kw)
     do, dht = cotangents(o.shape, ht.shape)
     do, dht = do.to(device=o.device, dtype=o.dtype), dht.to(device=ht.device, dtype=ht.dtype)
     ((o * do).sum() + (ht * dht).sum()).backward()
@@ -72,8 +72,9 @@ def test_varlen_equals_separate_sequences():
     # cu_seqlens must not leak state across segments: segment 1 alone from h0[1] must give the same result
     n, cu = 3, torch.tensor([0, 5, 12])
     q, k, v, beta, g, h0 = make_inputs(1, 12, 1, 4, 4, n, "rand", N=2)
-    o, ht = torch_chunk(q, k, v, beta, g, n, initial_state=h0, output_final_state=True, cu_seqlens=cu)
-    o1, h1 = naive(q[:, 5:], k[:, 15:], v[:, 15:], beta[:, 15:], g[:, 5:], n, initial_state=h0[1:],
+    o, ht = torch_chunk(q, k, v, g, beta, num_householder=n, initial_state=h0, output_final_state=True,
+                        cu_seqlens=cu)
+    o1, h1 = naive(q[:, 5:], k[:, 15:], v[:, 15:], g[:, 5:], beta[:, 15:], num_householder=n, initial_state=h0[1:],
                    output_final_state=True)
     torch.testing.assert_close(o[:, 5:], o1, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(ht[1:], h1, rtol=1e-10, atol=1e-10)
@@ -81,10 +82,10 @@ def test_varlen_equals_separate_sequences():
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
 def test_torch_chunk_low_precision(dtype, tol):
-    inputs = make_inputs(1, 33, 2, 16, 16, 2, "rand")
-    o_ref, h_ref = naive(*inputs[:5], 2, initial_state=inputs[5], output_final_state=True)
-    lo = [x.to(dtype) for x in inputs]
-    o, h = torch_chunk(*lo[:5], 2, initial_state=lo[5], output_final_state=True)
+    q, k, v, beta, g, h0 = make_inputs(1, 33, 2, 16, 16, 2, "rand")
+    o_ref, h_ref = naive(q, k, v, g, beta, num_householder=2, initial_state=h0, output_final_state=True)
+    q, k, v, beta, g, h0 = (x.to(dtype) for x in (q, k, v, beta, g, h0))
+    o, h = torch_chunk(q, k, v, g, beta, num_householder=2, initial_state=h0, output_final_state=True)
     assert o.dtype == dtype and h.dtype == torch.float32
     err = (o.double() - o_ref).norm() / o_ref.norm()
     assert err < tol, err
@@ -94,16 +95,64 @@ def test_decode_steps_continue_the_sequence():
     # prefill 7 tokens, then decode 3 one at a time and 2 at once: must equal one pass over all 12
     n = 2
     q, k, v, beta, g, h0 = make_inputs(2, 12, 2, 8, 8, n, "rand")
-    o_ref, h_ref = naive(q, k, v, beta, g, n, initial_state=h0, output_final_state=True)
-    _, S = gated_delta_product(q[:, :7], k[:, :14], v[:, :14], beta[:, :14], g[:, :7], n, initial_state=h0,
-                               output_final_state=True, impl="torch")
+    o_ref, h_ref = naive(q, k, v, g, beta, num_householder=n, initial_state=h0, output_final_state=True)
+    _, S = gated_delta_product(q[:, :7], k[:, :14], v[:, :14], g[:, :7], beta[:, :14], num_householder=n,
+                               initial_state=h0, output_final_state=True, impl="torch")
     outs = []
     for t0, t1 in [(7, 8), (8, 9), (9, 10), (10, 12)]:
-        o_t, S = gated_delta_product_step(q[:, t0:t1], k[:, t0 * n:t1 * n], v[:, t0 * n:t1 * n],
-                                          beta[:, t0 * n:t1 * n], g[:, t0:t1], state=S, num_householder=n)
+        o_t, S = gated_delta_product_step(q[:, t0:t1], k[:, t0 * n:t1 * n], v[:, t0 * n:t1 * n], g[:, t0:t1],
+                                          beta[:, t0 * n:t1 * n], state=S, num_householder=n)
         outs.append(o_t)
     torch.testing.assert_close(torch.cat(outs, 1), o_ref[:, 7:], rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(S, h_ref, rtol=1e-10, atol=1e-10)
+
+
+def deltanet_loop(q, k, v, g, beta, scale):
+    """Gated DeltaNet (n_h = 1) written out here, so that the order test below leans on no kernel's signature."""
+    S = q.new_zeros(q.shape[0], q.shape[2], q.shape[3], v.shape[-1])
+    outs = []
+    for t in range(q.shape[1]):
+        S = S * g[:, t].exp()[..., None, None]
+        err = v[:, t] - torch.einsum("bhkv,bhk->bhv", S, k[:, t])
+        S = S + beta[:, t, :, None, None] * k[:, t, :, :, None] * err[:, :, None, :]
+        outs.append(scale * torch.einsum("bhkv,bhk->bhv", S, q[:, t]))
+    return torch.stack(outs, 1), S
+
+
+# every CPU entry point of the op, called positionally as (q, k, v, g, beta); the Triton ones: test_kernels_triton.py
+ORDER_ENTRIES = {
+    "gated_delta_product:torch": lambda *a, **kw: gated_delta_product(*a, output_final_state=True, impl="torch", **kw),
+    "gated_delta_product:naive": lambda *a, **kw: gated_delta_product(*a, output_final_state=True, impl="naive", **kw),
+    "gated_delta_product_step:torch": lambda *a, **kw: gated_delta_product_step(*a, impl="torch", **kw),
+    "gated_delta_product_step:naive": lambda *a, **kw: gated_delta_product_step(*a, impl="naive", **kw),
+    "naive_recurrent": lambda *a, **kw: naive(*a, output_final_state=True, **kw),
+    "torch_chunk": lambda *a, **kw: torch_chunk(*a, output_final_state=True, chunk_size=4, **kw),
+}
+
+
+def order_case():
+    """n_h = 1: g and beta have the same shape [B, T, H], so only the argument order tells them apart."""
+    q, k, v, beta, g, _ = make_inputs(2, 9, 2, 4, 3, 1, "rand")
+    assert g.shape == beta.shape and not torch.allclose(g, beta)
+    return q, k, v, g, beta
+
+
+@pytest.mark.parametrize("entry", sorted(ORDER_ENTRIES))
+def test_positional_order_is_q_k_v_g_beta(entry):
+    q, k, v, g, beta = order_case()
+    o_ref, S_ref = deltanet_loop(q, k, v, g, beta, 0.5)
+    o, S = ORDER_ENTRIES[entry](q, k, v, g, beta, scale=0.5)
+    torch.testing.assert_close(o, o_ref, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(S, S_ref, rtol=1e-10, atol=1e-10)
+    o_swapped, _ = ORDER_ENTRIES[entry](q, k, v, beta, g, scale=0.5)  # the wrong order runs, with other numbers
+    assert not torch.allclose(o_swapped, o_ref, atol=1e-3)
+
+
+def test_tails_are_keyword_only():
+    q, k, v, g, beta = order_case()
+    for fn in (gated_delta_product, gated_delta_product_step, naive, torch_chunk):
+        with pytest.raises(TypeError):
+            fn(q, k, v, g, beta, 1)  # num_householder (or state) by name only
 
 
 def test_dispatch_and_errors(monkeypatch):
@@ -116,12 +165,13 @@ def test_dispatch_and_errors(monkeypatch):
         resolve_impl("cuda", torch.device("cpu"))
     q, k, v, beta, g, h0 = make_inputs(1, 4, 1, 4, 4, 2, None)
     with pytest.raises(ValueError, match="k: expected"):
-        gated_delta_product(q, k[:, :4], v, beta, num_householder=2)
+        gated_delta_product(q, k[:, :4], v, None, beta, num_householder=2)
     with pytest.raises(ValueError, match="cu_seqlens"):
-        gated_delta_product(q, k, v, beta, num_householder=2, cu_seqlens=torch.tensor([0, 3]))
+        gated_delta_product(q, k, v, None, beta, num_householder=2, cu_seqlens=torch.tensor([0, 3]))
 
 
 def test_import_is_cheap():
     import subprocess, sys
-    code = "import sys, dpx.kernels; assert 'triton' not in sys.modules, 'triton imported eagerly'"
+    # torch-free too: models/config.py validates `model.impl` against dpx.kernels.IMPLS without torch
+    code = "import sys, dpx.kernels; assert not {'torch', 'triton'} & set(sys.modules), 'torch/triton imported'"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -53,8 +53,7 @@ def test_fp16_kernels_round_like_the_model(n, gate, monkeypatch):
     monkeypatch.setenv("DPX_KERNEL_BWD_FP32", "0")  # the 16-bit backward (pinned: the default too)
     inputs, ref, _, _ = _setup(n, gate, **SHAPE)
     lo = [None if x is None else x.to(torch.float16 if i < 3 else torch.float32) for i, x in enumerate(inputs)]
-    out = dict(zip(NAMES, grads(lambda q, k, v, b, g, **kw: chunk_gated_delta_product(q, k, v, g, b, **kw), lo,
-                                num_householder=n, scale=0.7)))
+    out = dict(zip(NAMES, grads(chunk_gated_delta_product, lo, num_householder=n, scale=0.7)))
     model = _model_errors(n, gate, _to(torch.float16))
     for nm, m in model.items():
         kern = float((out[nm].double().cpu() - ref[nm]).norm() / ref[nm].norm())
@@ -97,10 +96,8 @@ def test_float32_backward_switch(monkeypatch):
     rounded = [None if x is None else (x.to(torch.float16).double() if i < 3 else x) for i, x in enumerate(inputs)]
     ref = dict(zip(NAMES, grads(lambda *a, **kw: _fp16_do(naive(*a, **kw)), rounded, num_householder=n, scale=0.7)))
     lo = [None if x is None else x.to(torch.float16 if i < 3 else torch.float32) for i, x in enumerate(inputs)]
-    kern = lambda q, k, v, b, g, **kw: chunk_gated_delta_product(q, k, v, g, b, **kw)
-
     def errs():
-        out = dict(zip(NAMES, grads(kern, lo, num_householder=n, scale=0.7)))
+        out = dict(zip(NAMES, grads(chunk_gated_delta_product, lo, num_householder=n, scale=0.7)))
         return {nm: float((out[nm].double().cpu() - ref[nm]).norm() / ref[nm].norm()) for nm in ("dk", "dv", "dbeta")}
 
     monkeypatch.setenv("DPX_KERNEL_BWD_FP32", "0")
@@ -117,15 +114,15 @@ def test_float32_backward_policy(monkeypatch):
     from dpx.kernels.delta_product.chunk import _float32_backward
     monkeypatch.delenv("DPX_KERNEL_BWD_FP32", raising=False)
     # unset: 16-bit inputs take the 16-bit backward at every n_h (the GPU acceptance check verifies n_h 1-8)
-    assert not any(_float32_backward(dt, n) for dt in (torch.bfloat16, torch.float16) for n in (1, 2, 3, 4, 8))
-    assert not _float32_backward(torch.float32, 3)
+    assert not any(_float32_backward(dt) for dt in (torch.bfloat16, torch.float16))
+    assert not _float32_backward(torch.float32)
     monkeypatch.setenv("DPX_KERNEL_BWD_FP32", "0")
-    assert not _float32_backward(torch.bfloat16, 3)
+    assert not _float32_backward(torch.bfloat16)
     monkeypatch.setenv("DPX_KERNEL_BWD_FP32", "1")
-    assert _float32_backward(torch.float16, 2) and not _float32_backward(torch.float32, 2)
+    assert _float32_backward(torch.float16) and not _float32_backward(torch.float32)
     monkeypatch.setenv("DPX_KERNEL_BWD_FP32", "yes")
     with pytest.raises(ValueError, match="DPX_KERNEL_BWD_FP32"):
-        _float32_backward(torch.bfloat16, 3)
+        _float32_backward(torch.bfloat16)
 
 
 def test_backward_path_keeps_float32_tiles_within_hopper(monkeypatch):

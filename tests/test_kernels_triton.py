@@ -13,7 +13,7 @@ if not os.environ.get("DPX_TEST_CUDA"):
 import pytest
 import torch
 
-from test_kernels_reference import NAMES, grads, make_inputs
+from test_kernels_reference import NAMES, deltanet_loop, grads, make_inputs, order_case
 from dpx.kernels import chunk_gated_delta_product, fused_recurrent_gated_delta_product, gated_delta_product
 from dpx.kernels.delta_product.naive import naive_recurrent_gated_delta_product as naive
 
@@ -42,18 +42,13 @@ def check(name, ref, out, tol):
     assert err < tol, f"{name}: relative error {err:.2e} > {tol:.0e}"
 
 
-def triton_chunk(q, k, v, beta, g, **kw):
-    # fla argument order: (q, k, v, g, beta, num_householder, ...)
-    return chunk_gated_delta_product(q, k, v, g, beta, **kw)
-
-
 def run_case(B, T, H, K, V, n, gate, dtype, cu=None, l2=False, scale=0.7):
     N = None if cu is None else len(cu) - 1
     inputs = make_inputs(B, T, H, K, V, n, gate, N=N)
     kw = dict(num_householder=n, scale=scale, use_qk_l2norm_in_kernel=l2)
     ref = grads(naive, inputs, cu_seqlens=cu, **kw)
     lo = [None if x is None else x.to(dtype if i < 3 else torch.float32).to(DEVICE) for i, x in enumerate(inputs)]
-    out = grads(triton_chunk, lo, cu_seqlens=None if cu is None else cu.to(DEVICE), **kw)
+    out = grads(chunk_gated_delta_product, lo, cu_seqlens=None if cu is None else cu.to(DEVICE), **kw)
     assert out[0].dtype == dtype and out[1].dtype == torch.float32
     failures = []  # every output is checked, so a failure names all that are off, not just the first
     for name, a, b in zip(NAMES, ref, out):
@@ -106,15 +101,15 @@ def test_chunk_no_states_value_dim_over_one_slice():
 
     def run(fn, xs, dev):
         xs = [x.detach().to(dev).requires_grad_() for x in xs]
-        o, ht = fn(xs[0], xs[1], xs[2], xs[3], xs[4], num_householder=n, scale=scale)
+        o, ht = fn(*xs, num_householder=n, scale=scale)
         assert ht is None
         do = torch.randn(o.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
         (o * do.to(o)).sum().backward()
         return [o] + [x.grad for x in xs]
 
-    ref = run(naive, (q, k, v, beta, g), "cpu")
-    out = run(triton_chunk, [x.float() for x in (q, k, v, beta, g)], DEVICE)
-    for name, a, b in zip(["o", "dq", "dk", "dv", "dbeta", "dg"], ref, out):
+    ref = run(naive, (q, k, v, g, beta), "cpu")
+    out = run(chunk_gated_delta_product, [x.float() for x in (q, k, v, g, beta)], DEVICE)
+    for name, a, b in zip(["o", "dq", "dk", "dv", "dg", "dbeta"], ref, out):
         check(name, a, b, TOL[torch.float32] * (4 if name == "dg" else 1))
 
 
@@ -148,11 +143,11 @@ def test_chunk_largest_head_dims(dtype, bwd_fp32, path, cu, monkeypatch):
 def test_fused_recurrent_matches_naive(n, gate, l2, cu, K, V):
     B, N = (1, 3) if cu is not None else (2, None)
     q, k, v, beta, g, h0 = make_inputs(B, 5, 2, K, V, n, gate, N=N)
-    o_ref, h_ref = naive(q, k, v, beta, g, n, initial_state=h0, output_final_state=True,
+    o_ref, h_ref = naive(q, k, v, g, beta, num_householder=n, initial_state=h0, output_final_state=True,
                          use_qk_l2norm_in_kernel=l2, cu_seqlens=cu)
     f = lambda x: None if x is None else x.float().to(DEVICE)
     o, h = fused_recurrent_gated_delta_product(
-        f(q), f(k), f(v), f(g), f(beta), n, initial_state=f(h0), output_final_state=True,
+        f(q), f(k), f(v), f(g), f(beta), num_householder=n, initial_state=f(h0), output_final_state=True,
         use_qk_l2norm_in_kernel=l2, cu_seqlens=None if cu is None else cu.to(DEVICE))
     check("o", o_ref, o, 1e-5)
     check("ht", h_ref, h, 1e-5)
@@ -160,7 +155,27 @@ def test_fused_recurrent_matches_naive(n, gate, l2, cu, K, V):
 
 def test_dispatch_triton_equals_torch():
     q, k, v, beta, g, h0 = [x.float().to(DEVICE) for x in make_inputs(1, 9, 1, 16, 16, 2, "rand")]
-    a = gated_delta_product(q, k, v, beta, g, 2, initial_state=h0, output_final_state=True, impl="triton")
-    b = gated_delta_product(q, k, v, beta, g, 2, initial_state=h0, output_final_state=True, impl="torch")
+    a = gated_delta_product(q, k, v, g, beta, num_householder=2, initial_state=h0, output_final_state=True,
+                            impl="triton")
+    b = gated_delta_product(q, k, v, g, beta, num_householder=2, initial_state=h0, output_final_state=True,
+                            impl="torch")
     for x, y in zip(a, b):
         check("dispatch", y.double().cpu(), x, 1e-5)
+
+
+def test_positional_order_is_q_k_v_g_beta():
+    # n_h = 1 (g and beta of one shape): the drop-ins take fla's order; chunk_gated_delta_product keeps fla's
+    # positional num_householder and scale, fused_recurrent_gated_delta_product (no fla counterpart) has keyword tails
+    f = lambda x: x.float().to(DEVICE)  # noqa: E731
+    q, k, v, g, beta = order_case()
+    o_ref, S_ref = deltanet_loop(q, k, v, g, beta, 0.5)
+    for o, S in (chunk_gated_delta_product(f(q), f(k), f(v), f(g), f(beta), 1, 0.5, output_final_state=True),
+                 fused_recurrent_gated_delta_product(f(q), f(k), f(v), f(g), f(beta), scale=0.5,
+                                                     output_final_state=True),
+                 gated_delta_product(f(q), f(k), f(v), f(g), f(beta), scale=0.5, output_final_state=True,
+                                     impl="triton")):
+        check("o", o_ref, o, 1e-5)
+        check("ht", S_ref, S, 1e-5)
+    with pytest.raises(TypeError):
+        fused_recurrent_gated_delta_product(f(q), f(k), f(v), f(g), f(beta), 1)
+

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from dpx import kernels
 from dpx.models import ModelConfig
-from dpx.models.mixers.delta import DeltaProductMixer, state_trajectory, transition
+from dpx.kernels.delta_product.naive import state_trajectory, transition
+from dpx.models.mixers.delta import DeltaProductMixer
 
 torch.set_num_threads(1)  # tiny float64 shapes on a shared 2-core box: extra intra-op threads only contend
 
@@ -25,7 +26,7 @@ def run_kernel_state(k, beta, g=None, S0=None, v=None, impl="naive"):
     v = torch.zeros(n, V, dtype=f64) if v is None else v
     q = torch.randn(1, 1, 1, K, dtype=f64)
     gg = None if g is None else torch.tensor(g, dtype=f64).view(1, 1, 1)
-    _, S = kernels.gated_delta_product(q, k.view(1, n, 1, K), v.view(1, n, 1, V), beta.view(1, n, 1), gg,
+    _, S = kernels.gated_delta_product(q, k.view(1, n, 1, K), v.view(1, n, 1, V), gg, beta.view(1, n, 1),
                                        num_householder=n, initial_state=S0.view(1, 1, K, V),
                                        output_final_state=True, impl=impl)
     return S[0, 0]
@@ -48,7 +49,7 @@ def test_kernel_transition_is_product_in_execution_order(impl, n):
     beta = torch.rand(n, dtype=f64) * 2
     A = explicit(k, beta, -0.3)
     assert torch.allclose(run_kernel_state(k, beta, -0.3, impl=impl), A, atol=1e-12)
-    assert torch.allclose(transition(k, beta, torch.tensor(-0.3, dtype=f64)), A, atol=1e-12)
+    assert torch.allclose(transition(k, torch.tensor(-0.3, dtype=f64), beta), A, atol=1e-12)
     if n > 1:  # order matters: the reversed product is a different matrix
         assert not torch.allclose(explicit(k.flip(0), beta.flip(0), -0.3), A, atol=1e-6)
 
@@ -85,7 +86,7 @@ def test_transition_norm_at_most_one(n, K, seed, betas, g):
     gen = torch.Generator().manual_seed(seed)
     k = torch.nn.functional.normalize(torch.randn(n, K, dtype=f64, generator=gen), dim=-1)
     beta = torch.tensor(betas[:n], dtype=f64)
-    A = transition(k, beta, torch.tensor(g, dtype=f64))
+    A = transition(k, torch.tensor(g, dtype=f64), beta)
     assert torch.linalg.matrix_norm(A, ord=2) <= 1 + 1e-12
     assert torch.allclose(run_kernel_state(k, beta, g), A, atol=1e-12)
 
@@ -150,8 +151,8 @@ def test_state_trajectory_from_recorded_aux_matches_the_layer():
     x = torch.randn(2, 6, 16, dtype=f64)
     _, state = m(x)
     a = m.aux
-    states = list(state_trajectory(a["k"], a["v"], a["beta"], a["g"]))
-    subs = list(state_trajectory(a["k"], a["v"], a["beta"], a["g"], every="substep"))
+    states = list(state_trajectory(a["k"], a["v"], a["g"], a["beta"]))
+    subs = list(state_trajectory(a["k"], a["v"], a["g"], a["beta"], every="substep"))
     assert len(states) == 6 and len(subs) == 18
     assert torch.allclose(states[-1], state["S"], atol=1e-6)  # the kernel l2-normalises with eps; aux keys too
     assert torch.allclose(subs[2], states[0]) and torch.allclose(subs[-1], states[-1])

@@ -4,8 +4,8 @@ SIGKILLed (every process of it) mid-grid. Its trials come back as `worker lost`,
 `max_retries`, and every trial completes; none is lost, none runs more often than its attempts say.
 
 The head has 2 CPUs and the second node 1, the trials 1 CPU each and 3 run at once (the cluster's CPUs), so one
-always runs on the second node. The two-node Slurm case is not written yet (Debian's build does run two slurmd on
-one host: README, Reliability).
+always runs on the second node. The two-node Slurm case is
+tests/test_reliability_slurm.py::test_two_node_slurm_cluster_second_node_killed.
 """
 from __future__ import annotations
 

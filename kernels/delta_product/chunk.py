@@ -67,7 +67,7 @@ FP32_BWD_MAX_K = 128  # widest head dim whose float32 backward tiles fit Hopper'
 def backward_path(dtype: torch.dtype, n: int, K: int) -> str:
     """Which backward a call with `dtype` inputs, n Householder steps and head dim K runs: "triton" (16-bit
     operands), "triton_fp32" (the Triton kernels on float32 copies) or "torch_fp32" (autograd through torch_chunk)."""
-    if dtype == torch.float32 or _float32_backward(dtype, n):
+    if dtype == torch.float32 or _float32_backward(dtype):
         return "triton_fp32" if next_pow2(K) <= FP32_BWD_MAX_K else "torch_fp32"
     return "triton"
 
@@ -84,8 +84,9 @@ def _torch_backward(ctx, do, dht):
     with torch.enable_grad():
         xs = [None if x is None else x.detach().float().requires_grad_(bool(r)) for x, r in zip(saved, need)]
         q, k, v, g, beta, h0 = xs
-        o, ht = torch_chunk_gated_delta_product(q, k, v, beta, g, ctx.tab.n, scale=ctx.scale, initial_state=h0,
-                                                output_final_state=dht is not None, cu_seqlens=ctx.cu_seqlens)
+        o, ht = torch_chunk_gated_delta_product(q, k, v, g, beta, num_householder=ctx.tab.n, scale=ctx.scale,
+                                                initial_state=h0, output_final_state=dht is not None,
+                                                cu_seqlens=ctx.cu_seqlens)
         outs, gos = [o], [do.float()]
         if dht is not None:
             outs.append(ht)
@@ -97,8 +98,8 @@ def _torch_backward(ctx, do, dht):
     return (*grads, None, None, None, None)
 
 
-def _float32_backward(dtype: torch.dtype, n: int) -> bool:
-    """Whether the backward of `dtype` inputs with n Householder steps runs on float32 copies."""
+def _float32_backward(dtype: torch.dtype) -> bool:
+    """Whether the backward of `dtype` inputs runs on float32 copies (DPX_KERNEL_BWD_FP32=1, 16-bit inputs)."""
     flag = os.environ.get("DPX_KERNEL_BWD_FP32", "")
     if flag not in ("", "0", "1"):
         raise ValueError(f"DPX_KERNEL_BWD_FP32: expected 0, 1 or unset, got {flag!r}")
@@ -165,7 +166,7 @@ def chunk_gated_delta_product(
     q [B,T,H,K]; k [B,T*n,H,K], v [B,T*n,H,V], beta [B,T*n,H] interleaved per token; g [B,T,H] log gate or None;
     initial_state [N,H,K,V]; cu_seqlens [N+1] token offsets (B = 1). Returns (o [B,T,H,V], final state float32).
     """
-    check_inputs(q, k, v, beta, g, num_householder, initial_state, cu_seqlens)
+    check_inputs(q, k, v, g, beta, num_householder, initial_state, cu_seqlens)
     B, T, H, K = q.shape
     if K > 256 or v.shape[-1] > 256:
         raise ValueError(f"q/v: head dims up to 256 are supported, got K={K}, V={v.shape[-1]}")

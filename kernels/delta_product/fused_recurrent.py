@@ -90,6 +90,7 @@ def fused_recurrent_gated_delta_product(
     v: torch.Tensor,
     g: torch.Tensor | None = None,
     beta: torch.Tensor | None = None,
+    *,
     num_householder: int = 1,
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
@@ -97,11 +98,13 @@ def fused_recurrent_gated_delta_product(
     use_qk_l2norm_in_kernel: bool = False,
     cu_seqlens: torch.LongTensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Recurrent (Gated) DeltaProduct with fla's argument names (no gradients). beta None means all ones.
+    """Recurrent (Gated) DeltaProduct with fla's argument names (no gradients). beta None means all ones. fla has no
+    such function (its fused_recurrent_gated_delta_rule puts gk, gv between g and beta), so everything after beta
+    is keyword-only: a positional num_householder cannot land on another parameter.
     Returns (o [B,T,H,V] in q's dtype, final state [N,H,K,V] float32 or None)."""
     if beta is None:
         beta = q.new_ones(k.shape[:-1])
-    check_inputs(q, k, v, beta, g, num_householder, initial_state, cu_seqlens)
+    check_inputs(q, k, v, g, beta, num_householder, initial_state, cu_seqlens)
     if q.requires_grad or k.requires_grad or v.requires_grad:
         raise ValueError("fused_recurrent_gated_delta_product: forward only; use chunk_gated_delta_product to train")
     scale = q.shape[-1] ** -0.5 if scale is None else scale

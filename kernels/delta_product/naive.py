@@ -25,7 +25,7 @@ def compute_dtype(*xs: torch.Tensor | None) -> torch.dtype:
     return torch.float64 if any(x is not None and x.dtype == torch.float64 for x in xs) else torch.float32
 
 
-def check_inputs(q, k, v, beta, g, num_householder, initial_state, cu_seqlens):
+def check_inputs(q, k, v, g, beta, num_householder, initial_state, cu_seqlens):
     """Shape checks shared by every implementation; raises ValueError naming the argument."""
     n = num_householder
     if n < 1:
@@ -64,8 +64,9 @@ def naive_recurrent_gated_delta_product(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
+    g: torch.Tensor | None,
     beta: torch.Tensor,
-    g: torch.Tensor | None = None,
+    *,
     num_householder: int = 1,
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
@@ -77,11 +78,11 @@ def naive_recurrent_gated_delta_product(
 
     Differentiable by autograd (no in-place updates on tensors that need gradients).
     """
-    check_inputs(q, k, v, beta, g, num_householder, initial_state, cu_seqlens)
+    check_inputs(q, k, v, g, beta, num_householder, initial_state, cu_seqlens)
     n = num_householder
     B, T, H, K = q.shape
     V = v.shape[-1]
-    dt, o_dtype = compute_dtype(q, k, v, beta, g, initial_state), q.dtype
+    dt, o_dtype = compute_dtype(q, k, v, g, beta, initial_state), q.dtype
     scale = K ** -0.5 if scale is None else scale
     q, k, v, beta = q.to(dt), k.to(dt), v.to(dt), beta.to(dt)
     if use_qk_l2norm_in_kernel:
@@ -108,3 +109,39 @@ def naive_recurrent_gated_delta_product(
     o = o.view(B, T, H, V).to(o_dtype)
     final = torch.stack(finals) if output_final_state else None
     return o, final
+
+
+
+def transition(k: torch.Tensor, g: torch.Tensor | None, beta: torch.Tensor) -> torch.Tensor:
+    """The state-transition matrix of one token, exp(g) (I - b_n k_n k_n^T) ... (I - b_1 k_1 k_1^T), in execution
+    order (step 1 acts first, so it is the rightmost factor): S_new = A S_old + (writes).
+    k [..., n, K] (as used, i.e. already normalised), g [...] log gate or None, beta [..., n] -> A [..., K, K].
+    Used by probes (eigenvalues, rotation angles) and the tests."""
+    K = k.shape[-1]
+    A = torch.eye(K, dtype=k.dtype, device=k.device).expand(*k.shape[:-2], K, K)
+    for j in range(k.shape[-2]):
+        kj = k[..., j, :]
+        A = A - beta[..., j, None, None] * kj[..., :, None] * (kj[..., None, :] @ A)
+    return A if g is None else A * g.exp()[..., None, None]
+
+
+def state_trajectory(k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, beta: torch.Tensor, *,
+                     initial_state: torch.Tensor | None = None, every: str = "token"):
+    """Yield the recurrent state [B, H, K, V] after every token (or every Householder sub-step), from the per-token
+    internals a dpx.models forward with return_aux=True records: k [B, T, n, H, K] (normalised), v [B, T, n, H, V],
+    g [B, T, H] or None, beta [B, T, n, H]. For the effective-rank analysis and state probes (float64-safe loop)."""
+    if every not in ("token", "substep"):
+        raise ValueError(f"every: expected 'token' or 'substep', got {every!r}")
+    B, T, n, H, K = k.shape
+    S = k.new_zeros(B, H, K, v.shape[-1]) if initial_state is None else initial_state.to(k.dtype)
+    for t in range(T):
+        if g is not None:
+            S = S * g[:, t].exp().to(S.dtype)[..., None, None]
+        for j in range(n):
+            kj, vj, bj = k[:, t, j], v[:, t, j].to(S.dtype), beta[:, t, j].to(S.dtype)
+            err = vj - torch.einsum("bhkv,bhk->bhv", S, kj)
+            S = S + bj[..., None, None] * kj[..., :, None] * err[..., None, :]
+            if every == "substep":
+                yield S
+        if every == "token":
+            yield S

@@ -19,9 +19,9 @@ import torch
 from .naive import check_inputs, compute_dtype, l2norm, segments
 
 
-def _chunk_fwd(q, k, v, beta, g, n: int, scale: float, S0, BT: int):
-    """One batch of equal-length sequences. q [B,H,T,K]; k [B,H,T*n,K]; v [B,H,T*n,V]; beta [B,H,T*n];
-    g [B,H,T] or None; S0 [B,H,K,V] or None. Returns o [B,H,T,V], S [B,H,K,V]."""
+def _chunk_fwd(q, k, v, g, beta, n: int, scale: float, S0, BT: int):
+    """One batch of equal-length sequences. q [B,H,T,K]; k [B,H,T*n,K]; v [B,H,T*n,V]; g [B,H,T] or None;
+    beta [B,H,T*n]; S0 [B,H,K,V] or None. Returns o [B,H,T,V], S [B,H,K,V]."""
     B, H, T, K = q.shape
     V = v.shape[-1]
     S = q.new_zeros(B, H, K, V) if S0 is None else S0
@@ -78,8 +78,9 @@ def torch_chunk_gated_delta_product(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
+    g: torch.Tensor | None,
     beta: torch.Tensor,
-    g: torch.Tensor | None = None,
+    *,
     num_householder: int = 1,
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
@@ -89,10 +90,10 @@ def torch_chunk_gated_delta_product(
     chunk_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Same contract as `naive_recurrent_gated_delta_product`; chunk_size is in tokens (default ~64/n steps)."""
-    check_inputs(q, k, v, beta, g, num_householder, initial_state, cu_seqlens)
+    check_inputs(q, k, v, g, beta, num_householder, initial_state, cu_seqlens)
     n = num_householder
     B, T, H, K = q.shape
-    dt, o_dtype = compute_dtype(q, k, v, beta, g, initial_state), q.dtype
+    dt, o_dtype = compute_dtype(q, k, v, g, beta, initial_state), q.dtype
     scale = K ** -0.5 if scale is None else scale
     BT = chunk_size or max(64 // n, 8)
     q, k, v, beta = q.to(dt), k.to(dt), v.to(dt), beta.to(dt)
@@ -105,7 +106,7 @@ def torch_chunk_gated_delta_product(
         return None if x is None else x.transpose(1, 2)
 
     if cu_seqlens is None:
-        o, S = _chunk_fwd(heads_first(q), heads_first(k), heads_first(v), heads_first(beta), heads_first(g),
+        o, S = _chunk_fwd(heads_first(q), heads_first(k), heads_first(v), heads_first(g), heads_first(beta),
                           n, scale, h0, BT)
         o = o.transpose(1, 2)
     else:
@@ -113,7 +114,7 @@ def torch_chunk_gated_delta_product(
         for i, (_, bos, eos) in enumerate(segments(B, T, cu_seqlens)):
             o_i, S_i = _chunk_fwd(
                 heads_first(q[:, bos:eos]), heads_first(k[:, bos * n:eos * n]), heads_first(v[:, bos * n:eos * n]),
-                heads_first(beta[:, bos * n:eos * n]), None if g is None else heads_first(g[:, bos:eos]),
+                None if g is None else heads_first(g[:, bos:eos]), heads_first(beta[:, bos * n:eos * n]),
                 n, scale, None if h0 is None else h0[i:i + 1], BT)
             os.append(o_i.transpose(1, 2))
             Ss.append(S_i)

@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 from ..config import FAMILIES, did_you_mean
+from ..plugins import mixer_class
 from .base import MODES, Mixer
 from .attention import Attention
 from .delta import DeltaProductMixer
-from .linear import GLA, LinearAttention, Mamba2, RetNet
+from .gla import GLA
+from .linear_attention import LinearAttention
 from .mamba import Mamba
+from .mamba2 import Mamba2
+from .retnet import RetNet
 from .rwkv import RWKV4, RWKV5, RWKV6, RWKV7
 
 MIXERS: dict[str, type[Mixer]] = {
@@ -29,9 +33,7 @@ MIXERS: dict[str, type[Mixer]] = {
 
 def get_mixer(family: str) -> type[Mixer]:
     if family not in MIXERS:
-        from ..plugins import mixer_class  # a family another package registered (models/plugins.py)
-
-        cls = mixer_class(family)
+        cls = mixer_class(family)  # a family another package registered (models/plugins.py)
         if cls is not None:
             MIXERS[family] = cls
             return cls

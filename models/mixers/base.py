@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from ... import kernels
 from ..config import ModelConfig
 
 MODES = ("chunk", "recurrent")
@@ -43,6 +44,18 @@ class Mixer(nn.Module):
         """One token: x_t [B, D] -> (y_t [B, D], state). Runs the recurrent form on a length-1 sequence."""
         y, state = self.forward(x_t[:, None], state, mode="recurrent")
         return y[:, 0], state
+
+    @staticmethod
+    def impl_for(mode: str, impl: str = "auto") -> str:
+        """The kernel implementation a forward in `mode` runs: "recurrent" is the token loop (the kernels' "naive"),
+        "chunk" the configured `impl`. The kernels choose from there (dpx.kernels.resolve_impl)."""
+        return "naive" if mode == "recurrent" else impl
+
+    def recurrence(self, mode: str, q, k, v, w, initial_state=None, **kw):
+        """dpx.kernels.gated_linear_recurrence (the non-delta families' state update) in `mode`, in chunks of
+        cfg.chunk_size."""
+        return kernels.gated_linear_recurrence(q, k, v, w, initial_state=initial_state, chunk_size=self.cfg.chunk_size,
+                                               impl=self.impl_for(mode), **kw)
 
     def _keep(self, **tensors):
         if self.record:

@@ -25,6 +25,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ... import kernels
+from ...kernels import fused
+from ...kernels.delta_product.naive import l2norm
 from ..config import ModelConfig
 from ..layers import GatedRMSNorm, ShortConv
 from .base import Mixer
@@ -103,7 +105,6 @@ class DeltaProductMixer(Mixer):
         return torch.cat([m.weight for m in mods]), [m.out_features for m in mods]
 
     def _forward_fused(self, x, state):
-        from ...kernels import fused
         B, T, _ = x.shape
         H, K, V, n, cfg = self.H, self.K, self.V, self.n, self.cfg
         impl = self.fused_impl
@@ -127,70 +128,32 @@ class DeltaProductMixer(Mixer):
         g = None
         if cfg.use_forget_gate:
             g = -self.A_log.float().exp() * F.softplus(parts[4].float() + self.dt_bias)
-        o, S = self._core(x, q, k, v, beta, g, state.get("S"), "chunk", l2=False)
+        o, S = self._core(q, k, v, beta, g, state.get("S"), "chunk", l2=False)
         gate = parts[-1] if cfg.use_output_gate else None
         o = fused.rms_norm_gated(o, self.o_norm.weight, gate, self.o_norm.eps, impl=impl)
         return self.o_proj(o.reshape(B, T, H * V)), {"S": S, **caches}
 
-    def _core(self, x, q, k, v, beta, g, S0, mode, l2=True):
-        T = q.shape[1]
+    def _core(self, q, k, v, beta, g, S0, mode, l2=True):
+        """The recurrence, through dpx.kernels (which choose the implementation): decoding (one token, recurrent
+        mode) takes the decode entry, every other call the chunkwise one (mode "recurrent": the token loop)."""
         kw = dict(num_householder=self.n, use_qk_l2norm_in_kernel=l2)
-        if mode == "recurrent" and T == 1 and self.cfg.impl != "naive":
-            return kernels.gated_delta_product_step(q, k, v, beta, g, state=S0, impl=self.cfg.impl, **kw)
-        if mode == "recurrent":
-            return kernels.naive_recurrent_gated_delta_product(q, k, v, beta, g, initial_state=S0,
-                                                               output_final_state=True, **kw)
-        if self.cfg.chunk_size is not None and kernels.resolve_impl(self.cfg.impl, x.device) == "torch":
-            return kernels.torch_chunk_gated_delta_product(q, k, v, beta, g, initial_state=S0, output_final_state=True,
-                                                           chunk_size=self.cfg.chunk_size, **kw)
-        return kernels.gated_delta_product(q, k, v, beta, g, initial_state=S0, output_final_state=True,
-                                           impl=self.cfg.impl, **kw)
+        if mode == "recurrent" and q.shape[1] == 1:
+            return kernels.gated_delta_product_step(q, k, v, g, beta, state=S0, impl=self.cfg.impl, **kw)
+        return kernels.gated_delta_product(q, k, v, g, beta, initial_state=S0, output_final_state=True,
+                                           chunk_size=self.cfg.chunk_size, impl=self.impl_for(mode, self.cfg.impl),
+                                           **kw)
 
     def _forward(self, x, state, mode):
         if self._use_fused(x, state, mode):
             return self._forward_fused(x, state)
         B, T, _ = x.shape
         q, k, v, beta, g, caches = self._inputs(x, state)
-        o, S = self._core(x, q, k, v, beta, g, state.get("S"), mode)
+        o, S = self._core(q, k, v, beta, g, state.get("S"), mode)
         if self.record:
             n, H = self.n, self.H
-            kn = kernels.delta_product.naive.l2norm(k.float() if k.dtype != torch.float64 else k)
+            kn = l2norm(k.float() if k.dtype != torch.float64 else k)
             self._keep(q=q, k=kn.view(B, T, n, H, -1), v=v.view(B, T, n, H, -1), beta=beta.view(B, T, n, H), g=g)
         gate = self.g_proj(x).view(B, T, self.H, self.V) if self.cfg.use_output_gate else None
         o = self.o_norm(o.to(x.dtype), gate)
         return self.o_proj(o.reshape(B, T, self.H * self.V)), {"S": S, **caches}
 
-
-def transition(k: torch.Tensor, beta: torch.Tensor, g: torch.Tensor | None = None) -> torch.Tensor:
-    """The state-transition matrix of one token, exp(g) (I - b_n k_n k_n^T) ... (I - b_1 k_1 k_1^T), in execution
-    order (step 1 acts first, so it is the rightmost factor): S_new = A S_old + (writes).
-    k [..., n, K] (as used, i.e. already normalised), beta [..., n], g [...] log gate or None -> A [..., K, K].
-    Used by probes (eigenvalues, rotation angles) and the tests."""
-    K = k.shape[-1]
-    A = torch.eye(K, dtype=k.dtype, device=k.device).expand(*k.shape[:-2], K, K)
-    for j in range(k.shape[-2]):
-        kj = k[..., j, :]
-        A = A - beta[..., j, None, None] * kj[..., :, None] * (kj[..., None, :] @ A)
-    return A if g is None else A * g.exp()[..., None, None]
-
-
-def state_trajectory(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: torch.Tensor | None = None,
-                     S0: torch.Tensor | None = None, every: str = "token"):
-    """Yield the recurrent state [B, H, K, V] after every token (or every Householder sub-step), from the per-token
-    internals a forward with return_aux=True records: k [B, T, n, H, K] (normalised), v [B, T, n, H, V],
-    beta [B, T, n, H], g [B, T, H] or None. For the effective-rank analysis and state probes (float64-safe loop)."""
-    if every not in ("token", "substep"):
-        raise ValueError(f"every: expected 'token' or 'substep', got {every!r}")
-    B, T, n, H, K = k.shape
-    S = k.new_zeros(B, H, K, v.shape[-1]) if S0 is None else S0.to(k.dtype)
-    for t in range(T):
-        if g is not None:
-            S = S * g[:, t].exp().to(S.dtype)[..., None, None]
-        for j in range(n):
-            kj, vj, bj = k[:, t, j], v[:, t, j].to(S.dtype), beta[:, t, j].to(S.dtype)
-            err = vj - torch.einsum("bhkv,bhk->bhv", S, kj)
-            S = S + bj[..., None, None] * kj[..., :, None] * err[..., None, :]
-            if every == "substep":
-                yield S
-        if every == "token":
-            yield S

@@ -1,6 +1,7 @@
 """Mamba (selective S6, Gu & Dao 2023): in_proj -> (x, z); causal conv + SiLU on x; dt, B, C from x_proj;
 per channel c and state n: h_t = exp(dt_t[c] A[c, n]) h + dt_t[c] B_t[n] x_t[c]; y = C_t . h_t + D x; y * SiLU(z).
-Run by `core` with one head per channel (K = state_size, V = 1); A is S4D-real initialised (A[c, n] = -(n+1))."""
+Run by dpx.kernels.gated_linear_recurrence with one head per channel (K = state_size, V = 1); A is S4D-real
+initialised (A[c, n] = -(n+1))."""
 from __future__ import annotations
 
 import math
@@ -11,7 +12,6 @@ import torch.nn.functional as F
 
 from ..layers import ShortConv
 from .base import Mixer
-from .linear import run_core
 
 
 class Mamba(Mixer):
@@ -42,7 +42,7 @@ class Mamba(Mixer):
         w = dt[..., None] * -self.A_log.exp()                               # [B, T, Di, N]
         k = Bm[:, :, None].expand(B, T, Di, N)
         q = Cm[:, :, None].expand(B, T, Di, N)
-        o, S = run_core(self, mode, q, k, (dt * xs)[..., None], w, state.get("S"))
+        o, S = self.recurrence(mode, q, k, (dt * xs)[..., None], w, state.get("S"))
         y = o[..., 0] + self.D * xs
         self._keep(q=Cm, k=Bm, v=xs, g=dt)
         return self.out_proj(y * F.silu(z)), {"S": S, "conv": conv}

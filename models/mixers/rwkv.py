@@ -18,7 +18,6 @@ import torch.nn.functional as F
 
 from ..layers import GatedRMSNorm, token_shift
 from .base import Mixer
-from .linear import run_core
 
 
 def _lerp_params(n: int, d: int) -> nn.Parameter:
@@ -57,7 +56,7 @@ class RWKV4(Mixer):
         w = -self.time_decay.exp()[None, None, :, None].expand(B, T, d, 1)
         q = torch.ones_like(k)
         u = self.time_first.exp()[:, None]
-        o, S = run_core(self, mode, q, k, torch.cat([v, torch.ones_like(v)], -1), w, state.get("S"), u=u)
+        o, S = self.recurrence(mode, q, k, torch.cat([v, torch.ones_like(v)], -1), w, state.get("S"), u=u)
         wkv = o[..., 0] / (o[..., 1] + 1e-12)
         self._keep(k=k[..., 0], v=v[..., 0], r=r)
         return self.output(torch.sigmoid(r) * wkv), {"S": S, "shift": shift}
@@ -86,7 +85,7 @@ class _RWKVMatrix(Mixer):
         r = self.r_proj(xr).view(B, T, self.H, self.K)
         k = self.k_proj(xk).view(B, T, self.H, self.K)
         v = self.v_proj(xv).view(B, T, self.H, self.V)
-        o, S = run_core(self, mode, r, k, v, w, state.get("S"), scale=self.K ** -0.5, u=self.u)
+        o, S = self.recurrence(mode, r, k, v, w, state.get("S"), scale=self.K ** -0.5, u=self.u)
         self._keep(q=r, k=k, v=v, g=w)
         o = self.o_norm(o, self.g_proj(xg).view(B, T, self.H, self.V))
         return self.o_proj(o.reshape(B, T, -1)), {"S": S, "shift": shift}
@@ -172,7 +171,7 @@ class RWKV7(Mixer):
         g = self.g_lora(xg)
         kappa = F.normalize(k * self.k_k, dim=-1)
         k = k * (1 + (a - 1) * self.k_a)
-        o, S = run_core(self, mode, r, k, v, w, state.get("S"), a=-(a * kappa), b=kappa)
+        o, S = self.recurrence(mode, r, k, v, w, state.get("S"), a=-(a * kappa), b=kappa)
         self._keep(q=r, k=k, v=v, kappa=kappa, a=a, g=w)
         o = self.o_norm(o) + (r * self.r_k * k).sum(-1, keepdim=True) * v
         return self.o_proj((o * g.view(B, T, H, V)).reshape(B, T, -1)), {"S": S, "shift": shift}

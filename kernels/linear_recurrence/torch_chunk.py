@@ -1,20 +1,10 @@
-"""One PyTorch recurrence for every non-delta-rule family: diagonal decay plus an optional rank-one term.
-
-    S_t = diag(exp(w_t)) S_{t-1} + a_t (b_t^T S_{t-1}) + k_t v_t^T          S: [K, V] per head, w_t <= 0 (log decay)
-    o_t = scale * S_t^T q_t                                                   (default: read after the update)
-    o_t = scale * (S_{t-1}^T q_t + (q_t . (u * k_t)) v_t)                    (u given: RWKV's "bonus" read)
-
-Linear attention (w = 0), RetNet (w = log gamma_h), RWKV-5 (static per-channel w), RWKV-6 / GLA (data-dependent
-per-channel w), Mamba-2 (data-dependent scalar w), Mamba (per channel x state w = dt*A, V = 1), RWKV-4 (K = 1) and
-RWKV-7 (a = -(a_t * kappa_t), b = kappa_t) are all special cases. `w` may be [..., K] or [..., 1] (scalar decay).
-
-`recurrent` is the token loop. `chunked` is the chunkwise-parallel form: within a chunk of C steps with
+"""The chunkwise-parallel form of the linear recurrence (see the package docstring). Within a chunk of C steps with
 G_t = sum_{s<=t} w_s and chunk-start state S0,
     S_t = exp(G_t) S0 + sum_{r<=t} exp(G_t - G_r) (a_r x_r^T + k_r v_r^T),   x_s = S_{s-1}^T b_s,
 and the x_s solve the unit-lower-triangular system (I - M) X = (b exp(G_{s-1})) S0 + N V with
 M_sr = b_s.(exp(G_{s-1} - G_r) a_r), N_sr = b_s.(exp(G_{s-1} - G_r) k_r) for r < s. Only differences G_i - G_j
 with i >= j are exponentiated (never a positive exponent), so strong decays are safe. Everything is autograd-
-differentiable; it is the CPU/reference path (memory O(B H C^2 K) per chunk).
+differentiable; memory O(B H C^2 K) per chunk.
 """
 from __future__ import annotations
 
@@ -27,35 +17,13 @@ def _tri(x, D, y):
     return (x[..., :, None, :] * D * y[..., None, :, :]).sum(-1)
 
 
-def recurrent(q, k, v, w, a=None, b=None, u=None, S0=None, scale: float = 1.0):
-    """q, k [B, T, H, K]; v [B, T, H, V]; w [B, T, H, K|1]; a, b [B, T, H, K]; u [H, K]; S0 [B, H, K, V].
-    Returns (o [B, T, H, V], S [B, H, K, V])."""
-    B, T, H, K = q.shape
-    V = v.shape[-1]
-    S = q.new_zeros(B, H, K, V) if S0 is None else S0.to(q.dtype)
-    outs = []
-    for t in range(T):
-        prev = S
-        S = w[:, t].exp()[..., None] * S + k[:, t, :, :, None] * v[:, t, :, None, :]
-        if a is not None:
-            x = torch.einsum("bhkv,bhk->bhv", prev, b[:, t])
-            S = S + a[:, t, :, :, None] * x[:, :, None, :]
-        if u is None:
-            o = torch.einsum("bhkv,bhk->bhv", S, q[:, t])
-        else:
-            bonus = (q[:, t] * u * k[:, t]).sum(-1, keepdim=True)
-            o = torch.einsum("bhkv,bhk->bhv", prev, q[:, t]) + bonus * v[:, t]
-        outs.append(o * scale)
-    o = torch.stack(outs, 1) if outs else q.new_zeros(B, 0, H, V)
-    return o, S
-
-
-def chunked(q, k, v, w, a=None, b=None, u=None, S0=None, scale: float = 1.0, chunk_size: int = 64):
-    """Same contract as `recurrent`, chunkwise parallel."""
+def torch_chunk_gated_linear_recurrence(q, k, v, w, *, a=None, b=None, u=None, initial_state=None, scale: float = 1.0,
+                                  chunk_size: int = 64):
+    """Same contract as `naive_gated_linear_recurrence`, chunkwise parallel over chunks of `chunk_size` steps."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     C = chunk_size
-    S = q.new_zeros(B, H, K, V) if S0 is None else S0.to(q.dtype)
+    S = q.new_zeros(B, H, K, V) if initial_state is None else initial_state.to(q.dtype)
     if T == 0:
         return q.new_zeros(B, 0, H, V), S
     pad = (-T) % C
