@@ -13,11 +13,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from dpx.models import num_params
 from dpx.rundir import NUM_PARAMS, TOKENS_PER_S, VAL_LOSS
 from dpx.tasks.context import RunContext
 from dpx.tasks.training.config import TrainConfig
 from dpx.tasks.training.loop import autocast, fit
-from dpx.tasks.training.model import num_params
 from dpx.tasks.training.setup import TrialSetup, next_token_loss, setup_trial
 
 from . import budget, effective_rank, extrapolation, lm_eval_adapter

@@ -22,11 +22,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from dpx.models import num_params
 from dpx.rundir import NUM_PARAMS, TOKENS_PER_S
 from dpx.tasks.context import RunContext
 from dpx.tasks.training.loop import autocast, make_optimizer
 from dpx.tasks.training.config import TrainConfig
-from dpx.tasks.training.model import build_seeded_model, num_params
+from dpx.tasks.training.model import build_seeded_model
 
 from . import budget
 from .config import ThroughputConfig

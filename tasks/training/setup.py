@@ -22,11 +22,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dpx.models import num_params
 from dpx.rundir import NUM_PARAMS, TOKENS_PER_S
 from dpx.tasks.context import RunContext
 from dpx.tasks.training.config import EvalConfig, TrainConfig
 from dpx.tasks.training.loop import FitResult, autocast
-from dpx.tasks.training.model import build_seeded_model, num_params
+from dpx.tasks.training.model import build_seeded_model
 
 
 @dataclass
