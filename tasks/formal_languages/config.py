@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from dpx.tasks.choices import Choices, check_choices
+from dpx.models.choices import Choices, check_choices
 
 Language = Literal["parity", "mod_arith", "mod_arith_brackets"]
 LANGUAGES = get_args(Language)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from dpx.models.config import ModelConfig, did_you_mean
-from dpx.tasks.choices import Choices, check_choices
+from dpx.models.choices import Choices, check_choices
 from dpx.tasks.training.config import Precision
 
 # Named text sources: hub data sets of the paper (downloaded lazily with `datasets`) and offline stand-ins that

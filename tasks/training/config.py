@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from dpx.tasks.choices import Choices, check_choices
+from dpx.models.choices import Choices, check_choices
 
 Schedule = Literal["cosine", "constant", "linear"]
 Precision = Literal["auto", "fp32", "bf16"]

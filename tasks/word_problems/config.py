@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from dpx.tasks.choices import Choices, check_choices
+from dpx.models.choices import Choices, check_choices
 
 Group = Literal["S3", "S4", "A5", "S5"]
 GROUP_ORDERS: dict[Group, int] = {"S3": 6, "S4": 24, "A5": 60, "S5": 120}

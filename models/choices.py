@@ -1,6 +1,7 @@
-"""Choice fields of the task config classes: typed `Literal[...]`, checked here with one message.
+"""Choice fields of the model and task config classes: typed `Literal[...]`, checked here with one message.
 
-A config class derives from `Choices` and calls `check_choices(self)` in its `__post_init__`:
+(It lives in models, the lowest layer with config classes, so that models/config.py and tasks/*/config.py share
+it; tasks import models, never the other way.) A config class derives from `Choices` and calls `check_choices(self)` in its `__post_init__`:
 
 - the runner (a bare node, no pydantic) builds the stdlib dataclass directly: `check_choices` raises
   ValueError("group: unknown group 'S7'; known: S3, S4, A5, S5") from the Literal types;
@@ -13,11 +14,17 @@ Standard library only (pydantic is imported only when pydantic asks for the sche
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import typing
 from functools import cache
 from typing import Any, Callable, Literal
 
-from dpx.models.config import did_you_mean
+
+
+def did_you_mean(value: str, choices, cutoff: float = 0.6) -> str:
+    """' (did you mean X?)' for the closest of `choices`, or ''; shared by every config class and the loader."""
+    close = difflib.get_close_matches(str(value), list(choices), n=1, cutoff=cutoff)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def literal_values(tp: Any) -> tuple:
