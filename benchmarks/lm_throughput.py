@@ -61,8 +61,10 @@ COMMON = dict(vocab_size=32000, expand_v=1.0, allow_neg_eigval=True, use_short_c
               tie_embeddings=True)
 
 
-class OutOfBudget(Exception):
-    pass
+class OutOfBudget(BaseException):
+    """The budget ran out (raised by SIGALRM anywhere inside a measurement). A BaseException, like
+    KeyboardInterrupt, so that an `except Exception` in model building or in a library cannot swallow it: it once
+    did under load, and the row then ran on past the budget."""
 
 
 def model_config(shape: str, variant: str) -> dict:

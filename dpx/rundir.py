@@ -62,11 +62,16 @@ VAL_LOSS = "val_loss"
 # curves when absent (see the fig8/fig9 views in registry/views.py).
 LOSS_IN_CTX = "loss_in_ctx"  # mean per-position loss at positions <= training context
 LOSS_BEYOND_CTX = "loss_beyond_ctx"  # mean per-position loss at positions > training context
+# Word-problem probe (Fig. 7, eval.probe: true; added with the tasks' keys: registry/comparison.py's fig7 reads them).
+PROBE_ROTATION_HEADS = "probe/rotation_heads"  # heads showing a rotation (n_h >= 2, mean beta > 1.5, pca3 >= 0.95)
+PROBE_HEAD = "probe"  # "probe/l<layer>/h<head>/beta_mean" and ".../pca3": per-head summaries
 
 # ---- curve keys (metrics.jsonl kind="curve", step = position) ---------------------------------------------------
 CURVE_ACC_AT_POS = "acc_at_pos"  # Fig. 5: prefix accuracy at position t (t = 1..test length)
 CURVE_LOSS_AT_POS = "loss_at_pos"  # Fig. 8: "loss_at_pos/<dataset>" (e.g. loss_at_pos/codeparrot), raw, unsmoothed
 CURVE_ERANK = "erank"  # Fig. 9: "erank/l<layer>/h<head>" (e.g. erank/l20/h3): effective rank of the state at t
+CURVE_PROBE_BETA = "probe/beta"  # Fig. 7: "probe/beta/l<layer>/h<head>/j<step>": mean beta per group element
+CURVE_PROBE_PCA = "probe/pca_cumvar"  # Fig. 7: "probe/pca_cumvar/l<layer>/h<head>": cumulative PCA variance of keys
 
 # The summary keys a results table shows first, in this order (`dpx status`/`watch` tables, six at most).
 PREFERRED = (MAX_LEN_ACC90, ACC_AT_TRAIN_LEN, SCALED_ACC, VAL_LOSS, WIKITEXT_PPL, AVG_ACC, TOKENS_PER_S, "score")

@@ -7,34 +7,30 @@ and sets them to None, so two spellings of the same model hash to the same trial
 """
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Literal, get_args
 
 from ..kernels import IMPLS  # the kernels' own list; dpx.kernels imports no torch (its docstring says why)
+from .choices import Choices, check_choices, did_you_mean  # noqa: F401  (did_you_mean: the loader imports it here)
 from .family_names import DELTA_FAMILIES, FAMILIES
 from .plugins import families
 
-MATCHING_MODES = ("none", "heads", "head_dim", "mlp")
-INITS = ("default", "authors")
+MatchingMode = Literal["none", "heads", "head_dim", "mlp"]
+Init = Literal["default", "authors"]
+Impl = Literal[IMPLS]  # the kernels' implementations: "auto", "triton", "torch", "naive"
+MATCHING_MODES, INITS = get_args(MatchingMode), get_args(Init)
 # beta_range names the eigenvalue range of each Householder factor I - beta k k^T (unit k): [0,1] <-> beta in
 # [0,1] (sigmoid), [-1,1] <-> beta in [0,2] (2 * sigmoid), the paper's two settings.
 BETA_RANGES = {"[0,1]": False, "[-1,1]": True}
 
 
-def did_you_mean(value: str, choices, cutoff: float = 0.6) -> str:
-    """' (did you mean X?)' for the closest of `choices`, or ''; shared by the model and task config classes."""
-    close = difflib.get_close_matches(str(value), list(choices), n=1, cutoff=cutoff)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
 @dataclass
-class MatchingConfig:
+class MatchingConfig(Choices):
     """Parameter matching (the paper's "matching mode"): solve one free dimension so the model's total parameter
     count lands within `tolerance` of a reference model."""
     __pydantic_config__ = {"extra": "forbid"}
 
-    mode: str = "none"
+    mode: MatchingMode = "none"
     """none | heads (trade heads for Householders, then trim hidden_size as the authors did) | head_dim |
     mlp (solve the SwiGLU width)"""
     reference: dict = field(default_factory=dict)
@@ -48,9 +44,7 @@ class MatchingConfig:
 
     def __post_init__(self):
         # keys are relative ("mode: ..."): nested under `model.matching` by the recipe loader
-        if self.mode not in MATCHING_MODES:
-            raise ValueError(f"mode: must be one of {', '.join(MATCHING_MODES)}, got {self.mode!r}"
-                             + did_you_mean(self.mode, MATCHING_MODES))
+        check_choices(self)
         if not isinstance(self.reference, dict):
             raise ValueError(f"reference: must be a mapping of model fields, got {type(self.reference).__name__}")
         if self.mode != "none" and not self.reference:
@@ -76,7 +70,7 @@ class MatchingConfig:
 
 
 @dataclass
-class ModelConfig:
+class ModelConfig(Choices):
     """A language model (or sequence classifier) built from one token-mixer family. See FAMILIES."""
     __pydantic_config__ = {"extra": "forbid"}
 
@@ -117,7 +111,7 @@ class ModelConfig:
     """RMSNorm epsilon"""
     init_std: float = 0.006
     """std of the normal init of embeddings and linear weights (authors' initializer_range)"""
-    init: str = "default"
+    init: Init = "default"
     """default: N(0, init_std) for every Linear and Embedding weight (biases 0), short convs keep their uniform
     +-1/sqrt(conv_size) init | authors: fla 0.2.2's _init_weights as the authors' LM runs had it (prenorm_residual_
     strategy 'rescale'): also the short convs from N(0, init_std), and every o_proj / down_proj weight re-drawn
@@ -126,7 +120,7 @@ class ModelConfig:
     """share the input embedding with the output head (ignored when num_classes is set)"""
     chunk_size: int | None = None
     """tokens per chunk of the chunkwise-parallel form; None: the implementation's default (64 steps)"""
-    impl: str = "auto"
+    impl: Impl = "auto"
     """kernel implementation: auto (Triton on CUDA, PyTorch chunkwise on CPU) | triton | torch | naive"""
     state_size: int = 16
     """Mamba / Mamba-2 state size N per channel (per head for Mamba-2)"""
@@ -215,10 +209,7 @@ class ModelConfig:
             raise ValueError("norm_eps: must be > 0" if self.norm_eps <= 0 else "init_std: must be > 0")
         if self.chunk_size is not None and self.chunk_size < 1:
             raise ValueError(f"chunk_size: must be >= 1, got {self.chunk_size}")
-        if self.init not in INITS:
-            raise ValueError(f"init: must be one of {', '.join(INITS)}, got {self.init!r}" + did_you_mean(self.init, INITS))
-        if self.impl not in IMPLS:
-            raise ValueError(f"impl: must be one of {', '.join(IMPLS)}, got {self.impl!r}" + did_you_mean(self.impl, IMPLS))
+        check_choices(self)  # init, impl
 
     # derived sizes -----------------------------------------------------------------------------------------------
     @property

@@ -17,7 +17,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol
 
-from dpx.rundir import atomic_write_json  # noqa: F401  (re-exported: tasks write JSON through it)
+from dpx.rundir import (CHECKPOINTS, FIGURES, METRICS, PROGRESS,
+                        atomic_write_json)  # noqa: F401  (atomic_write_json re-exported: tasks write JSON through it)
+
+
+LAST_CHECKPOINT = "last.pt"
+"""the resumable training state in checkpoints/ (the shared loop writes it, a later attempt resumes from it)"""
 
 
 class Preempted(Exception):
@@ -47,22 +52,22 @@ class RunContext:
         self._stop = threading.Event()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.checkpoint_dir.mkdir(exist_ok=True)
-        self._metrics_f = open(self.run_dir / "metrics.jsonl", "a", buffering=1)
+        self._metrics_f = open(self.run_dir / METRICS, "a", buffering=1)
 
     # ---- where things go -------------------------------------------------------------------------------
     @property
     def checkpoint_dir(self) -> Path:
-        return self.run_dir / "checkpoints"
+        return self.run_dir / CHECKPOINTS
 
     @property
     def figures_dir(self) -> Path:
-        d = self.run_dir / "figures"
+        d = self.run_dir / FIGURES
         d.mkdir(exist_ok=True)
         return d
 
     @property
     def device(self):
-        import torch
+        import torch  # torch: only a trial asks for its device; the orchestrator imports this module torch-free
 
         if self._device is None:
             self._device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -70,7 +75,7 @@ class RunContext:
 
     def resume_path(self) -> Path | None:
         """The last checkpoint of an earlier attempt of this trial, if any."""
-        p = self.checkpoint_dir / "last.pt"
+        p = self.checkpoint_dir / LAST_CHECKPOINT
         return p if p.exists() else None
 
     # ---- logging ---------------------------------------------------------------------------------------
@@ -101,7 +106,7 @@ class RunContext:
         return path
 
     def report_progress(self, fraction: float, message: str = "") -> None:
-        atomic_write_json(self.run_dir / "progress.json",
+        atomic_write_json(self.run_dir / PROGRESS,
                           {"fraction": float(max(0.0, min(1.0, fraction))), "message": message, "time": time.time()})
 
     def _write(self, metrics: dict[str, float], step: int | None, kind: str) -> None:

@@ -118,6 +118,6 @@ def test_init_authors_is_fla_rescale():
 
 
 def test_init_is_checked_and_default_leaves_ids_alone():
-    with pytest.raises(ValueError, match="init: must be one of default, authors"):
+    with pytest.raises(ValueError, match="init: unknown init 'fla'.*known: default, authors"):
         ModelConfig(init="fla")
     assert ModelConfig().init == "default"

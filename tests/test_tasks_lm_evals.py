@@ -255,7 +255,8 @@ def test_registered_dpx_model_from_a_saved_folder(tmp_path):
 def test_adapter_runs_the_table3_tasks_offline(tmp_path):
     pytest.importorskip("lm_eval")
     from dpx.tasks.lm.config import LMEvalOptions
-    from dpx.tasks.lm.lm_eval_adapter import SIX, evaluate
+    from dpx.rundir import SIX_TASKS as SIX
+    from dpx.tasks.lm.lm_eval_adapter import evaluate
     ctx = RunContext(tmp_path / "run", {"trial_id": "t"}, device="cpu")
     out = evaluate(tiny_model(), load_tokenizer("mistral_v1"), LMEvalOptions(local=True, limit=3, batch_size=8),
                    ctx, context_len=32)

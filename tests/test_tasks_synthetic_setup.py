@@ -128,3 +128,20 @@ def test_testing_phase_and_summary(ctx):
     out = s.summary(res)
     assert out["tokens_per_s"] == 200.0 and out["val/seq_acc"] == 0.5 and out["train/steps"] == 5
     assert out["num_params"] == sum(p.numel() for p in s.model.parameters())
+
+
+def test_task_configs_load_without_torch_or_pydantic():
+    """`import dpx.tasks` and every task's config class (the orchestrator's recipe check, the runner on a bare node)
+    load neither torch nor pydantic; a bad choice is one line from the stdlib check alone."""
+    import subprocess
+    import sys
+
+    code = ("import sys, dpx.tasks\n"
+            "for spec in dpx.tasks.TASKS.values(): spec.config_cls()()\n"
+            "from dpx.tasks.word_problems.config import WordProblemConfig\n"
+            "try: WordProblemConfig(group='S44')\n"
+            "except ValueError as e: assert str(e).startswith(\"group: unknown group 'S44' (did you mean 'S4'?)\"), e\n"
+            "bad = [m for m in ('torch', 'pydantic', 'numpy') if m in sys.modules]\n"
+            "assert not bad, bad\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]

@@ -4,21 +4,23 @@ Torch-free."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
-from dpx.models.config import did_you_mean
+from dpx.models.choices import Choices, check_choices
 
-LANGUAGES = ("parity", "mod_arith", "mod_arith_brackets")
+Language = Literal["parity", "mod_arith", "mod_arith_brackets"]
+LANGUAGES = get_args(Language)
 
 
 @dataclass
-class FormalLanguageConfig:
+class FormalLanguageConfig(Choices):
     """A sample is a prompt whose last token must be followed by the answer token; the loss and the accuracy are
     taken at that one position, over the model's whole vocabulary. Lengths count every token incl. the answer."""
 
     __pydantic_config__ = {"extra": "forbid"}
 
     name: str = "formal_language"
-    language: str = "parity"
+    language: Language = "parity"
     """parity | mod_arith (no brackets) | mod_arith_brackets"""
     train_min_len: int = 3
     """shortest training sample (the paper: 3)"""
@@ -36,9 +38,7 @@ class FormalLanguageConfig:
     """validation samples at training lengths (what early stopping sees)"""
 
     def __post_init__(self):
-        if self.language not in LANGUAGES:
-            hint = did_you_mean(self.language, LANGUAGES, cutoff=0.4)
-            raise ValueError(f"language: unknown language {self.language!r}{hint}; known: {', '.join(LANGUAGES)}")
+        check_choices(self)
         for k in ("train_min_len", "train_max_len", "test_min_len", "test_max_len", "val_samples"):
             if getattr(self, k) <= 0:
                 raise ValueError(f"{k}: must be > 0, got {getattr(self, k)}")

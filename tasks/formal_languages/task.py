@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from dpx.rundir import SCALED_ACC
 from dpx.tasks.context import RunContext
 from dpx.tasks.formal_languages.config import FormalLanguageConfig
 from dpx.tasks.formal_languages.languages import frame, generate
@@ -84,11 +85,11 @@ def run(config: dict, ctx: RunContext) -> dict:
     accs = [sc.by_len[k][0] / sc.by_len[k][1] for k in lens]
     ctx.log_curve("acc_at_len", lens, accs)
     summary = {
-        "scaled_acc": scaled(sc.acc, task.chance),
+        SCALED_ACC: scaled(sc.acc, task.chance),
         "acc": sc.acc,
         **s.summary(result),
     }
-    _plot(ctx, task, lens, accs, summary["scaled_acc"])
+    _plot(ctx, task, lens, accs, summary[SCALED_ACC])
     return summary
 
 

@@ -15,10 +15,12 @@ Modules, one job each:
     extrapolation.py   per-position loss to 32K, 501-token moving average
     effective_rank.py  effective rank of every head's state, replayed on the device with batched SVD
     throughput.py      Fig. 4 tokens/s; fla's GatedDeltaProduct in our LM wrapper as the comparison
+    saved.py           a trained model loaded back (task.checkpoint, lm_eval's pretrained=)
     budget.py          FLOPs per token (MFU) and the memory estimate that refuses oversize shapes
-    bench_gpu.py       run resolved trials in one process and report (the GPU proof)
 
 Offline use: a hub data set name plus `task.data_files: [/data/fineweb/*.parquet]` reads local copies with the same
 formatting; `task.lm_eval.data_dir` does the same for the benchmarks; `dataset: botchan | pystdlib |
 chatterbot_qa | math_synth | mixed` need nothing at all (data/NOTICE.md lists what ships and its licence).
+
+On a GPU, benchmarks/lm_tasks_gpu.py runs resolved lm / throughput trials in one process and reports them.
 """

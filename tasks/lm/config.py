@@ -9,27 +9,35 @@ evaluation switched on; given `checkpoint` they skip training and evaluate a sav
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
-from dpx.models.config import did_you_mean
+from dpx.models.config import ModelConfig, did_you_mean
+from dpx.models.choices import Choices, check_choices
+from dpx.tasks.training.config import Precision
 
 # Named text sources: hub data sets of the paper (downloaded lazily with `datasets`) and offline stand-ins that
 # ship with dpx or are made by it (see sources.py for what each one is).
-HUB_DATASETS = ("fineweb", "fineweb_100bt", "codeparrot", "trivia_qa", "openthoughts_math", "slimpajama")
-BUILTIN_DATASETS = ("botchan", "pystdlib", "chatterbot_qa", "math_synth", "mixed")
-DATASETS = HUB_DATASETS + BUILTIN_DATASETS + ("local",)
-TEXT_FORMATS = ("auto", "text", "content", "trivia", "math")
-TOKENIZERS = ("mistral_v1", "byte")
+HubDataset = Literal["fineweb", "fineweb_100bt", "codeparrot", "trivia_qa", "openthoughts_math", "slimpajama"]
+BuiltinDataset = Literal["botchan", "pystdlib", "chatterbot_qa", "math_synth", "mixed"]
+Dataset = Literal[HubDataset, BuiltinDataset, "local"]
+TextFormat = Literal["auto", "text", "content", "trivia", "math"]
+Eval = Literal["lm_eval", "extrapolation", "effective_rank"]
+LMEvalTask = Literal["wikitext", "lambada_openai", "piqa", "hellaswag", "winogrande", "arc_easy", "arc_challenge"]
+LMTaskName = Literal["lm", Eval]
+Impl = Literal["dpx", "fla"]
+Scope = Literal["model", "layer"]
+HUB_DATASETS, BUILTIN_DATASETS, DATASETS = get_args(HubDataset), get_args(BuiltinDataset), get_args(Dataset)
+TEXT_FORMATS, EVALS, LM_EVAL_TASKS = get_args(TextFormat), get_args(Eval), get_args(LMEvalTask)
 TOKENIZER_VOCAB = {"mistral_v1": 32000, "byte": 259}
-EVALS = ("lm_eval", "extrapolation", "effective_rank")
-LM_EVAL_TASKS = ("wikitext", "lambada_openai", "piqa", "hellaswag", "winogrande", "arc_easy", "arc_challenge")
+TOKENIZERS = tuple(TOKENIZER_VOCAB)  # the shipped ones; `tokenizer:` may also be a path to a .model file
 
 
 @dataclass
-class LMEvalOptions:
+class LMEvalOptions(Choices):
     """lm-evaluation-harness, zero-shot, the paper's Table 3 columns."""
     __pydantic_config__ = {"extra": "forbid"}
 
-    tasks: list[str] = field(default_factory=lambda: list(LM_EVAL_TASKS))
+    tasks: list[LMEvalTask] = field(default_factory=lambda: list(LM_EVAL_TASKS))
     """harness tasks: wikitext, lambada_openai, piqa, hellaswag, winogrande, arc_easy, arc_challenge"""
     local: bool = False
     """run each task on the small look-alike JSONL shipped with dpx (tasks/lm/data/lm_eval_<task>.jsonl; offline
@@ -50,20 +58,17 @@ class LMEvalOptions:
     whole-document likelihood); false: the harness's disjoint windows of max_length tokens (HFLM, the paper)"""
 
     def __post_init__(self):
-        bad = [t for t in self.tasks if t not in LM_EVAL_TASKS]
-        if bad:
-            raise ValueError(f"lm_eval.tasks: unknown task {bad[0]!r}{did_you_mean(bad[0], LM_EVAL_TASKS)}; "
-                             f"known: {', '.join(LM_EVAL_TASKS)}")
+        check_choices(self, "lm_eval.")
         if self.limit < 0 or self.batch_size < 1 or self.max_length < 0:
             raise ValueError("lm_eval.batch_size: must be >= 1 (limit, max_length >= 0)")
 
 
 @dataclass
-class ExtrapolationOptions:
+class ExtrapolationOptions(Choices):
     """Per-position next-token loss on long sequences (Fig. 8; appendix to 32,768)."""
     __pydantic_config__ = {"extra": "forbid"}
 
-    datasets: list[str] = field(default_factory=lambda: ["codeparrot", "trivia_qa", "openthoughts_math"])
+    datasets: list[Dataset] = field(default_factory=lambda: ["codeparrot", "trivia_qa", "openthoughts_math"])
     """text sources (names as in `dataset`); each gives the curve loss_at_pos/<name>"""
     data_files: dict = field(default_factory=dict)
     """local files per data set name, e.g. {codeparrot: [/data/cp.parquet]} (instead of the hub)"""
@@ -76,19 +81,17 @@ class ExtrapolationOptions:
     """moving-average window of the plotted curve (the paper: 501 tokens)"""
 
     def __post_init__(self):
-        bad = [d for d in self.datasets if d not in DATASETS]
-        if bad:
-            raise ValueError(f"extrapolation.datasets: unknown data set {bad[0]!r}{did_you_mean(bad[0], DATASETS)}")
+        check_choices(self, "extrapolation.")
         if self.max_len < 2 or self.num_sequences < 1 or self.batch_size < 1 or self.window < 1:
             raise ValueError("extrapolation.max_len: must be >= 2 (num_sequences, batch_size, window >= 1)")
 
 
 @dataclass
-class EffectiveRankOptions:
+class EffectiveRankOptions(Choices):
     """Effective rank exp(H(sigma / |sigma|_1)) of every head's state along one sequence (Fig. 9)."""
     __pydantic_config__ = {"extra": "forbid"}
 
-    dataset: str = "trivia_qa"
+    dataset: Dataset = "trivia_qa"
     """text source of the sequence (the paper: trivia_qa, codeparrot)"""
     data_files: list[str] = field(default_factory=list)
     seq_len: int = 16384
@@ -101,26 +104,25 @@ class EffectiveRankOptions:
     """record every stride-th token (1: every token, as the paper)"""
 
     def __post_init__(self):
-        if self.dataset not in DATASETS:
-            raise ValueError(f"effective_rank.dataset: unknown data set {self.dataset!r}{did_you_mean(self.dataset, DATASETS)}")
+        check_choices(self, "effective_rank.")
         if self.seq_len < 2 or self.stride < 1:
             raise ValueError("effective_rank.seq_len: must be >= 2 (stride >= 1)")
 
 
 @dataclass
-class LMConfig:
+class LMConfig(Choices):
     """Language modelling: documents tokenised with <s>, packed into context_len-token sequences, shuffled by
     seed, trained with the shared loop; then the evaluations in `evals`."""
     __pydantic_config__ = {"extra": "forbid"}
 
-    name: str = "lm"
-    dataset: str = "botchan"
+    name: LMTaskName = "lm"
+    dataset: Dataset = "botchan"
     """fineweb (HuggingFaceFW/fineweb sample-10BT), fineweb_100bt, codeparrot, trivia_qa, openthoughts_math,
     slimpajama (hub, need network or a cache); botchan, pystdlib, chatterbot_qa, math_synth, mixed (offline);
     local (only data_files)"""
     data_files: list[str] = field(default_factory=list)
     """local Parquet / JSONL / .txt files; with a hub data set name they replace the download (same formatting)"""
-    text_format: str = "auto"
+    text_format: TextFormat = "auto"
     """auto (the data set's own) | text (field `text`) | content (`content`) | trivia ("Question: {query}, Answer:
     {answer}") | math ("Problem: {problem}, Solution: {solution}")"""
     tokenizer: str = "mistral_v1"
@@ -147,7 +149,7 @@ class LMConfig:
     memory_gb: float = 0.0
     """memory the trial may use; a context length / micro-batch whose estimate exceeds it is refused before
     training. 0: the device's memory (CUDA) or no check (CPU)"""
-    evals: list[str] = field(default_factory=list)
+    evals: list[Eval] = field(default_factory=list)
     """evaluations after training: lm_eval, extrapolation, effective_rank"""
     checkpoint: str = ""
     """evaluate this saved model (a save_pretrained folder, or an lm trial's run dir) instead of training"""
@@ -168,13 +170,9 @@ class LMConfig:
                        ("effective_rank", EffectiveRankOptions)):
             if isinstance(getattr(self, k), dict):
                 setattr(self, k, cls(**getattr(self, k)))
-        if self.dataset not in DATASETS:
-            raise ValueError(f"dataset: unknown data set {self.dataset!r}{did_you_mean(self.dataset, DATASETS)}; "
-                             f"known: {', '.join(DATASETS)}")
+        check_choices(self)
         if self.dataset == "local" and not self.data_files:
             raise ValueError("data_files: dataset 'local' needs at least one file")
-        if self.text_format not in TEXT_FORMATS:
-            raise ValueError(f"text_format: must be one of {', '.join(TEXT_FORMATS)}, got {self.text_format!r}")
         if self.tokenizer not in TOKENIZERS and not self.tokenizer.endswith(".model"):
             raise ValueError(f"tokenizer: must be {' or '.join(TOKENIZERS)} or a path to a SentencePiece .model "
                              f"file, got {self.tokenizer!r}{did_you_mean(self.tokenizer, TOKENIZERS)}")
@@ -194,14 +192,9 @@ class LMConfig:
             raise ValueError(f"val_sequences: must be >= 1, got {self.val_sequences}")
         if self.memory_gb < 0 or self.peak_tflops < 0:
             raise ValueError("memory_gb: must be >= 0 (peak_tflops too)")
-        bad = [e for e in self.evals if e not in EVALS]
-        if bad:
-            raise ValueError(f"evals: unknown evaluation {bad[0]!r}{did_you_mean(bad[0], EVALS)}; known: {', '.join(EVALS)}")
         # the eval-only task names switch their evaluation on
         if self.name in EVALS and self.name not in self.evals:
             self.evals = [*self.evals, self.name]
-        if self.name not in ("lm", *EVALS):
-            raise ValueError(f"name: {self.name!r} is not a language-modelling task")
 
     def check_model(self, model: dict) -> None:
         """Recipe-time cross-check (dpx expand / submit, orchestrator/trials.py): the tokenizer's ids must match
@@ -209,29 +202,27 @@ class LMConfig:
         check_vocab({"tokenizer": self.tokenizer}, model)
 
 
+# The eval-only task names: LMConfig with another `name` (its __pydantic_config__, extra keys forbidden, is inherited).
 @dataclass
 class LMEvalConfig(LMConfig):
     """lm-evaluation-harness on a model (trained here first unless `checkpoint` is set)."""
-    __pydantic_config__ = {"extra": "forbid"}
-    name: str = "lm_eval"
+    name: LMTaskName = "lm_eval"
 
 
 @dataclass
 class ExtrapolationConfig(LMConfig):
     """Per-position loss up to extrapolation.max_len (trained here first unless `checkpoint` is set)."""
-    __pydantic_config__ = {"extra": "forbid"}
-    name: str = "extrapolation"
+    name: LMTaskName = "extrapolation"
 
 
 @dataclass
 class EffectiveRankConfig(LMConfig):
     """Effective rank of every head's state (trained here first unless `checkpoint` is set)."""
-    __pydantic_config__ = {"extra": "forbid"}
-    name: str = "effective_rank"
+    name: LMTaskName = "effective_rank"
 
 
 @dataclass
-class ThroughputConfig:
+class ThroughputConfig(Choices):
     """Training tokens/s (forward + backward + AdamW step) of one model at one (seq_len x batch) shape, on random
     tokens (Fig. 4). A grid zips seq_len with batch_size at a fixed tokens per batch."""
     __pydantic_config__ = {"extra": "forbid"}
@@ -243,11 +234,11 @@ class ThroughputConfig:
     """untimed steps first (Triton autotuning, allocator warm-up)"""
     steps: int = 10
     """timed steps"""
-    impl: str = "dpx"
+    impl: Impl = "dpx"
     """dpx (our mixer) | fla (fla's GatedDeltaProduct layer in the same LM wrapper; needs fla-core)"""
-    scope: str = "model"
+    scope: Scope = "model"
     """model (the whole LM: embedding, blocks, head, loss, optimizer) | layer (one mixer, forward + backward)"""
-    precision: str = "auto"
+    precision: Precision = "auto"
     """auto (bf16 autocast on CUDA, fp32 on CPU) | bf16 | fp32"""
     memory_gb: float = 0.0
     """refuse shapes whose estimate exceeds this (0: the device's memory on CUDA, no check on CPU)"""
@@ -262,19 +253,14 @@ class ThroughputConfig:
                 raise ValueError(f"{k}: must be >= 1, got {getattr(self, k)}")
         if self.warmup_steps < 0:
             raise ValueError(f"warmup_steps: must be >= 0, got {self.warmup_steps}")
-        if self.impl not in ("dpx", "fla"):
-            raise ValueError(f"impl: must be dpx or fla, got {self.impl!r}")
-        if self.scope not in ("model", "layer"):
-            raise ValueError(f"scope: must be model or layer, got {self.scope!r}")
-        if self.precision not in ("auto", "bf16", "fp32"):
-            raise ValueError(f"precision: must be auto, bf16 or fp32, got {self.precision!r}")
+        check_choices(self)
 
 
 def check_vocab(task: dict, model: dict) -> None:
     """A tokenizer whose ids do not fit the model's embedding is a config error ("model.vocab_size: ...")."""
-    tok = task.get("tokenizer", "mistral_v1")
+    tok = task.get("tokenizer", LMConfig.tokenizer)
     need = TOKENIZER_VOCAB.get(tok)
-    have = (model or {}).get("vocab_size", 32000)
+    have = (model or {}).get("vocab_size", ModelConfig.vocab_size)  # the defaults: the config classes'
     if need is not None and have != need:
         raise ValueError(f"model.vocab_size: {have} does not match tokenizer {tok} ({need} ids); "
                          f"set model.vocab_size: {need}")

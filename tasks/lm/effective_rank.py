@@ -15,6 +15,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from dpx.rundir import CURVE_ERANK
+from dpx.tasks.training import plots
+
 from .config import EffectiveRankOptions
 from .extrapolation import load_sequences
 
@@ -84,7 +87,7 @@ def evaluate(model, tok, opts: EffectiveRankOptions, ctx, train_context: int, se
                           stride=opts.stride).cpu().numpy()  # [T', H]
         heads = [h % er.shape[1] for h in opts.heads] if opts.heads else list(range(er.shape[1]))
         for h in heads:
-            ctx.log_curve(f"erank/l{l}/h{h}", positions.tolist(), er[:, h].tolist())
+            ctx.log_curve(f"{CURVE_ERANK}/l{l}/h{h}", positions.tolist(), er[:, h].tolist())
             curves[(l, h)] = er[:, h]
         inside = er[positions <= train_context]
         summary[f"erank_in_ctx/l{l}"] = float(inside.mean()) if len(inside) else float("nan")
@@ -96,10 +99,9 @@ def evaluate(model, tok, opts: EffectiveRankOptions, ctx, train_context: int, se
 
 
 def plot(curves: dict, positions: np.ndarray, bos: np.ndarray, train_context: int, ctx) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = plots.pyplot()
+    if plt is None:
+        return
     layers = sorted({l for l, _ in curves})
     fig, axes = plt.subplots(len(layers), 1, figsize=(7, 2.6 * len(layers)), squeeze=False)
     for ax, l in zip(axes[:, 0], layers):
@@ -115,5 +117,4 @@ def plot(curves: dict, positions: np.ndarray, bos: np.ndarray, train_context: in
         ax.legend(fontsize=7, ncol=4)
     axes[-1, 0].set_xlabel("position")
     fig.tight_layout()
-    ctx.save_figure(fig, "effective_rank")
-    plt.close(fig)
+    plots.save(ctx, fig, "effective_rank")

@@ -12,6 +12,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from dpx.rundir import CURVE_LOSS_AT_POS, LOSS_BEYOND_CTX, LOSS_IN_CTX
+from dpx.tasks.training import plots
 from dpx.tasks.training.loop import autocast
 
 from .config import ExtrapolationOptions
@@ -65,18 +67,18 @@ def evaluate(model, tok, opts: ExtrapolationOptions, ctx, train_context: int, se
         seqs = load_sequences(ds, list(opts.data_files.get(ds, [])), tok, opts.max_len, opts.num_sequences, seed)
         loss = per_position_loss(model, torch.from_numpy(seqs.astype(np.int64)), opts.batch_size, device)
         pos = np.arange(1, len(loss) + 1)
-        ctx.log_curve(f"loss_at_pos/{ds}", pos.tolist(), loss.tolist())
+        ctx.log_curve(f"{CURVE_LOSS_AT_POS}/{ds}", pos.tolist(), loss.tolist())
         curves[ds] = loss
         inside = loss[:min(train_context, len(loss))]
-        out[f"loss_in_ctx/{ds}"] = float(inside.mean())
+        out[f"{LOSS_IN_CTX}/{ds}"] = float(inside.mean())
         if len(loss) > train_context:
-            out[f"loss_beyond_ctx/{ds}"] = float(loss[train_context:].mean())
+            out[f"{LOSS_BEYOND_CTX}/{ds}"] = float(loss[train_context:].mean())
         out[f"loss_at_max_len/{ds}"] = float(moving_average(loss, opts.window)[1][-1])
     if len(opts.datasets) == 1:  # the registry's plain keys when there is no ambiguity
         ds = opts.datasets[0]
-        out["loss_in_ctx"] = out[f"loss_in_ctx/{ds}"]
-        if f"loss_beyond_ctx/{ds}" in out:
-            out["loss_beyond_ctx"] = out[f"loss_beyond_ctx/{ds}"]
+        out[LOSS_IN_CTX] = out[f"{LOSS_IN_CTX}/{ds}"]
+        if f"{LOSS_BEYOND_CTX}/{ds}" in out:
+            out[LOSS_BEYOND_CTX] = out[f"{LOSS_BEYOND_CTX}/{ds}"]
     m = getattr(model, "config", None)
     label = (f"{m.family} n_h={m.num_householder} H={m.num_heads} d_k={m.key_dim}" if m is not None else "model")
     plot(curves, opts.window, train_context, ctx, label=label)
@@ -84,10 +86,9 @@ def evaluate(model, tok, opts: ExtrapolationOptions, ctx, train_context: int, se
 
 
 def plot(curves: dict[str, np.ndarray], window: int, train_context: int, ctx, label: str = "model"):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = plots.pyplot()
+    if plt is None:
+        return
     fig, axes = plt.subplots(1, len(curves), figsize=(4.5 * len(curves), 3.4), squeeze=False)
     for ax, (ds, loss) in zip(axes[0], curves.items()):
         xs, ys = moving_average(loss, window)
@@ -98,5 +99,4 @@ def plot(curves: dict[str, np.ndarray], window: int, train_context: int, ctx, la
         ax.set_ylabel(f"loss ({min(window, len(loss))}-token moving average)")
         ax.legend(fontsize=8)
     fig.tight_layout()
-    ctx.save_figure(fig, "extrapolation")
-    plt.close(fig)
+    plots.save(ctx, fig, "extrapolation")

@@ -31,22 +31,24 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from dpx.rundir import (ARC_C_ACC_NORM, ARC_E_ACC, AVG_ACC, HELLASWAG_ACC_NORM, LAMBADA_ACC, LAMBADA_PPL, PIQA_ACC,
+                        SIX_TASKS, WIKITEXT_PPL, WINOGRANDE_ACC)
 from dpx.tasks.training.loop import autocast
 
 from .config import LMEvalOptions
+from .saved import load_model
 from .tokenizer import DATA_DIR, load_tokenizer
 
-# harness metric -> our summary key (dpx.registry.keys)
+# harness metric -> our summary key (dpx.rundir; the extra keys beside the paper's columns are ours alone)
 METRICS = {
-    "wikitext": {"word_perplexity": "wikitext_ppl", "bits_per_byte": "wikitext_bpb"},
-    "lambada_openai": {"perplexity": "lambada_ppl", "acc": "lambada_acc"},
-    "piqa": {"acc": "piqa_acc", "acc_norm": "piqa_acc_norm"},
-    "hellaswag": {"acc_norm": "hellaswag_acc_norm", "acc": "hellaswag_acc"},
-    "winogrande": {"acc": "winogrande_acc"},
-    "arc_easy": {"acc": "arc_e_acc", "acc_norm": "arc_e_acc_norm"},
-    "arc_challenge": {"acc_norm": "arc_c_acc_norm", "acc": "arc_c_acc"},
+    "wikitext": {"word_perplexity": WIKITEXT_PPL, "bits_per_byte": "wikitext_bpb"},
+    "lambada_openai": {"perplexity": LAMBADA_PPL, "acc": LAMBADA_ACC},
+    "piqa": {"acc": PIQA_ACC, "acc_norm": "piqa_acc_norm"},
+    "hellaswag": {"acc_norm": HELLASWAG_ACC_NORM, "acc": "hellaswag_acc"},
+    "winogrande": {"acc": WINOGRANDE_ACC},
+    "arc_easy": {"acc": ARC_E_ACC, "acc_norm": "arc_e_acc_norm"},
+    "arc_challenge": {"acc_norm": ARC_C_ACC_NORM, "acc": "arc_c_acc"},
 }
-SIX = ("lambada_acc", "piqa_acc", "hellaswag_acc_norm", "winogrande_acc", "arc_e_acc", "arc_c_acc_norm")
 HARNESS_YAML = {"wikitext": "wikitext/wikitext.yaml", "lambada_openai": "lambada/lambada_openai.yaml",
                 "piqa": "piqa/piqa.yaml", "hellaswag": "hellaswag/hellaswag.yaml",
                 "winogrande": "winogrande/default.yaml", "arc_easy": "arc/arc_easy.yaml",
@@ -161,7 +163,7 @@ def _flag(v) -> bool:
 @functools.cache
 def lm_eval_class():
     try:
-        from lm_eval.api.model import TemplateLM
+        from lm_eval.api.model import TemplateLM  # lm_eval: heavy and optional, loaded on first use
         from lm_eval.api.registry import register_model
     except ImportError as e:
         raise RuntimeError("task.lm_eval: lm-evaluation-harness is not installed (pip install lm-eval)") from e
@@ -177,7 +179,6 @@ def lm_eval_class():
                      eot_token_id: int | None = None, **_):
             super().__init__()
             if isinstance(pretrained, (str, Path)):
-                from .task import load_model
                 pretrained = load_model(str(pretrained), device or "cpu")
             self._device = torch.device(device) if device is not None else next(pretrained.parameters()).device
             self.model = pretrained.to(self._device)
@@ -260,7 +261,7 @@ def task_dir(tasks: list[str], local: bool = False, data_dir: str | Path | None 
     need not index the harness's thousands of tasks. With `local` or `data_dir` the data set is swapped for
     `<task>.jsonl|parquet` from data_dir (default: the shipped look-alikes). Returns the folder and
     {our task: harness task name}."""
-    import lm_eval.tasks as lt
+    import lm_eval.tasks as lt  # lm_eval: heavy and optional, loaded on first use
     root = Path(lt.__file__).resolve().parent
     out = Path(tempfile.mkdtemp(prefix="dpx_lm_eval_"))
     names = {}
@@ -287,9 +288,9 @@ def task_dir(tasks: list[str], local: bool = False, data_dir: str | Path | None 
 
 
 def evaluate(model, tok, opts: LMEvalOptions, ctx, context_len: int = 2048) -> dict:
-    """Run the harness; summary keys as in dpx.registry.keys (wikitext_ppl, lambada_ppl, ..., avg_acc)."""
+    """Run the harness; summary keys as in dpx.rundir (wikitext_ppl, lambada_ppl, ..., avg_acc)."""
     DpxLM = lm_eval_class()  # noqa: N806 - the class, made on first use
-    import lm_eval
+    import lm_eval  # lm_eval: heavy and optional, loaded on first use
     from lm_eval.tasks import TaskManager
 
     if opts.local or opts.data_dir:
@@ -327,6 +328,6 @@ def summarize(results: dict, names: dict[str, str]) -> dict:
             v = r.get(f"{metric},none", r.get(metric))
             if isinstance(v, (int, float)):
                 out[key] = float(v)
-    if all(k in out for k in SIX):
-        out["avg_acc"] = sum(out[k] for k in SIX) / len(SIX)
+    if all(k in out for k in SIX_TASKS):
+        out[AVG_ACC] = sum(out[k] for k in SIX_TASKS) / len(SIX_TASKS)
     return out

@@ -98,7 +98,7 @@ def read_rows(path: Path) -> Iterator[dict]:
     name = path.name.removesuffix(".gz")
     opener = gzip.open if path.name.endswith(".gz") else open
     if name.endswith(".parquet"):
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # pyarrow: only Parquet files need it
         pf = pq.ParquetFile(path)
         for batch in pf.iter_batches(batch_size=1024):
             yield from batch.to_pylist()
@@ -218,7 +218,7 @@ def _hub_source(dataset: str, split: str, text_format: str, val_docs: int, max_d
 
 def load_hub(dataset: str, path: str, config: str | None, split: str):
     try:
-        import datasets
+        import datasets  # datasets: only hub sources need it (heavy, and absent on bare nodes)
     except ImportError as e:
         raise _unavailable(dataset, path, config, e) from None
     try:

@@ -8,20 +8,22 @@ Order of work, so that bad input fails before any compute: config -> tokenizer/v
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from dpx.models import num_params
+from dpx.rundir import NUM_PARAMS, TOKENS_PER_S, VAL_LOSS
 from dpx.tasks.context import RunContext
 from dpx.tasks.training.config import TrainConfig
 from dpx.tasks.training.loop import autocast, fit
 from dpx.tasks.training.setup import TrialSetup, next_token_loss, setup_trial
 
-from . import budget
+from . import budget, effective_rank, extrapolation, lm_eval_adapter
 from .config import LMConfig
 from .packing import PackedStream, Prefetcher, take_sequences
+from .saved import MODEL_DIR, load_model
 from .sources import open_source
 from .tokenizer import load_tokenizer
 
@@ -36,7 +38,7 @@ def run(config: dict, ctx: RunContext) -> dict:
 
     if cfg.checkpoint:
         model = load_model(cfg.checkpoint, device)
-        summary: dict = {"num_params": model.num_params()}
+        summary: dict = {NUM_PARAMS: num_params(model)}
     else:
         model, summary = train(s, tok, ctx)
     model.to(device).eval()
@@ -74,7 +76,7 @@ def train(s: TrialSetup, tok, ctx: RunContext):
 
     model = s.build_model()
     mcfg = model.config.to_dict() if hasattr(model.config, "to_dict") else dict(s.config["model"])
-    n_params = sum(p.numel() for p in model.parameters())
+    n_params = num_params(model)
     device = ctx.device
     budget_gib = cfg.memory_gb or (torch.cuda.get_device_properties(device).total_memory / budget.GIB
                                    if device.type == "cuda" else 0.0)
@@ -84,7 +86,7 @@ def train(s: TrialSetup, tok, ctx: RunContext):
     matmul_params = n_params - embed + (embed if getattr(model, "tied", True) else 0)
     fpt = budget.train_flops_per_token(mcfg, matmul_params)
     peak = budget.peak_tflops(torch.cuda.get_device_name(device) if device.type == "cuda" else "", cfg.peak_tflops)
-    ctx.log_metrics({"num_params": n_params, "train/flops_per_token": fpt, "train/mem_estimate_gib": mem,
+    ctx.log_metrics({NUM_PARAMS: n_params, "train/flops_per_token": fpt, "train/mem_estimate_gib": mem,
                      "train/batch_size": tc.batch_size, "train/grad_accum": tc.grad_accum}, step=0)
     print(f"[dpx] lm: {n_params / 1e6:.2f}M parameters, {tc.batch_size} x {cfg.context_len} tokens per step "
           f"({tc.grad_accum} micro-batches of {micro}), memory estimate {mem:.2f} GiB", flush=True)
@@ -107,11 +109,11 @@ def train(s: TrialSetup, tok, ctx: RunContext):
     finally:
         feed.close()
     if cfg.save_model and hasattr(model, "save_pretrained"):
-        model.save_pretrained(ctx.checkpoint_dir / "model")
-    summary = {"num_params": n_params, "num_heads": model.config.num_heads, "head_dim": model.config.key_dim,
-               "hidden_size": model.config.hidden_size, "tokens_per_s": res.tokens_per_s, "train_tokens": res.tokens,
+        model.save_pretrained(ctx.checkpoint_dir / MODEL_DIR)
+    summary = {NUM_PARAMS: n_params, "num_heads": model.config.num_heads, "head_dim": model.config.key_dim,
+               "hidden_size": model.config.hidden_size, TOKENS_PER_S: res.tokens_per_s, "train_tokens": res.tokens,
                "train_steps": res.step, "train_time_s": res.train_time_s,
-               "val_loss": res.last_eval.get("val/loss"), "val_ppl": res.last_eval.get("val/ppl")}
+               VAL_LOSS: res.last_eval.get("val/loss"), "val_ppl": res.last_eval.get("val/ppl")}
     if peak:
         summary["mfu"] = res.tokens_per_s * fpt / (peak * 1e12)
     return model, {k: v for k, v in summary.items() if v is not None}
@@ -145,27 +147,14 @@ class _MFUContext:
         self._ctx.log_metrics(metrics, step)
 
 
-def load_model(path: str, device):
-    """A save_pretrained folder, or an lm trial's run dir (its checkpoints/model/)."""
-    from dpx.models import load_pretrained
-    p = Path(path).expanduser()
-    for cand in (p, p / "checkpoints" / "model"):
-        if (cand / "model.safetensors").exists():
-            return load_pretrained(cand, map_location=device)
-    raise FileNotFoundError(f"task.checkpoint: no model.safetensors in {p} or {p / 'checkpoints' / 'model'}")
-
-
 def run_evals(model, tok, cfg: LMConfig, ctx: RunContext, seed: int) -> dict:
     out: dict = {}
     for name in cfg.evals:
         ctx.report_progress(1.0, f"evaluating: {name}")
         if name == "lm_eval":
-            from .lm_eval_adapter import evaluate
-            out.update(evaluate(model, tok, cfg.lm_eval, ctx, context_len=cfg.context_len))
+            out.update(lm_eval_adapter.evaluate(model, tok, cfg.lm_eval, ctx, context_len=cfg.context_len))
         elif name == "extrapolation":
-            from .extrapolation import evaluate
-            out.update(evaluate(model, tok, cfg.extrapolation, ctx, train_context=cfg.context_len, seed=seed))
+            out.update(extrapolation.evaluate(model, tok, cfg.extrapolation, ctx, train_context=cfg.context_len, seed=seed))
         elif name == "effective_rank":
-            from .effective_rank import evaluate
-            out.update(evaluate(model, tok, cfg.effective_rank, ctx, train_context=cfg.context_len))
+            out.update(effective_rank.evaluate(model, tok, cfg.effective_rank, ctx, train_context=cfg.context_len))
     return out

@@ -12,16 +12,22 @@ one mixer alone (forward + backward).
 """
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import sys
 import time
+import types
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from dpx.models import num_params
+from dpx.rundir import NUM_PARAMS, TOKENS_PER_S
 from dpx.tasks.context import RunContext
 from dpx.tasks.training.loop import autocast, make_optimizer
 from dpx.tasks.training.config import TrainConfig
-from dpx.tasks.training.model import build_model
+from dpx.tasks.training.model import build_seeded_model
 
 from . import budget
 from .config import ThroughputConfig
@@ -30,12 +36,8 @@ from .config import ThroughputConfig
 def fla_gated_deltaproduct():
     """fla's GatedDeltaProduct layer class. fla.layers' package __init__ imports every layer, and some of them need
     transformers; when it is missing, the one module is imported through a bare package stub instead."""
-    import importlib
-    import importlib.util
-    import sys
-    import types
     try:
-        import fla  # noqa: F401  (fla-core)
+        import fla  # noqa: F401  (fla-core: optional, only `impl: fla` loads it)
     except ImportError as e:
         raise RuntimeError("task.impl: fla is not installed (pip install fla-core flash-linear-attention)") from e
     try:
@@ -80,15 +82,14 @@ def use_fla_mixers(model: nn.Module) -> nn.Module:
 def run(config: dict, ctx: RunContext) -> dict:
     c = ThroughputConfig(**config["task"])
     device = ctx.device
-    torch.manual_seed(int(config.get("seed", 0)))
-    model = build_model(config["model"], int(config.get("seed", 0)))
+    model = build_seeded_model(config["model"], int(config.get("seed", 0)))
     if c.impl == "fla":
         if model.config.family not in ("deltanet", "deltaproduct", "gated_deltanet", "gated_deltaproduct"):
             raise ValueError(f"task.impl: fla's GatedDeltaProduct stands in for delta-rule families only, "
                              f"not {model.config.family!r}")
         use_fla_mixers(model)
     mcfg = model.config.to_dict()
-    n_params = sum(p.numel() for p in model.parameters())
+    n_params = num_params(model)
     budget_gib = c.memory_gb or (torch.cuda.get_device_properties(device).total_memory / budget.GIB
                                  if device.type == "cuda" else 0.0)
     mem = budget.check_memory(mcfg, n_params, c.batch_size, c.seq_len, budget_gib, key="task.seq_len")
@@ -109,7 +110,7 @@ def run(config: dict, ctx: RunContext) -> dict:
             for p in params:
                 p.grad = None
             x.grad = None
-        flops = 6.0 * sum(p.numel() for p in params) + 3.0 * budget.recurrence_flops_per_token(
+        flops = 6.0 * num_params(mixer) + 3.0 * budget.recurrence_flops_per_token(
             {**mcfg, "num_layers": 1})
     else:
         opt = make_optimizer(model, TrainConfig(lr=3e-4, weight_decay=0.01), device)
@@ -140,7 +141,7 @@ def run(config: dict, ctx: RunContext) -> dict:
     dt = time.perf_counter() - t0
     tps = B * T * c.steps / dt
     peak = budget.peak_tflops(torch.cuda.get_device_name(device) if device.type == "cuda" else "", c.peak_tflops)
-    out = {"tokens_per_s": tps, "step_ms": 1000 * dt / c.steps, "num_params": n_params, "seq_len": T,
+    out = {TOKENS_PER_S: tps, "step_ms": 1000 * dt / c.steps, NUM_PARAMS: n_params, "seq_len": T,
            "batch_size": B, "mem_estimate_gib": mem, "num_heads": model.config.num_heads,
            "head_dim": model.config.key_dim, "hidden_size": model.config.hidden_size}
     if device.type == "cuda":

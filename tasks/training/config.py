@@ -3,10 +3,17 @@ to validate recipes). Field docstrings are the documentation users see."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
+
+from dpx.models.choices import Choices, check_choices
+
+Schedule = Literal["cosine", "constant", "linear"]
+Precision = Literal["auto", "fp32", "bf16"]
+EarlyStopMode = Literal["max", "min"]
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(Choices):
     __pydantic_config__ = {"extra": "forbid"}
 
     steps: int = 1000
@@ -21,13 +28,13 @@ class TrainConfig:
     """cosine decays to lr * min_lr_ratio"""
     warmup_steps: int = 0
     """linear warm-up steps"""
-    schedule: str = "cosine"
+    schedule: Schedule = "cosine"
     """cosine | constant | linear"""
     weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.95)
     grad_clip: float = 1.0
     """max gradient norm (0 disables)"""
-    precision: str = "auto"
+    precision: Precision = "auto"
     """auto (bf16 autocast on CUDA, fp32 on CPU) | fp32 | bf16"""
     eval_every: int = 100
     """steps between validation passes"""
@@ -39,7 +46,7 @@ class TrainConfig:
     """validation metric that ends training when it reaches early_stop_value ('' disables)"""
     early_stop_value: float = 1.0
     """threshold of early_stop_metric"""
-    early_stop_mode: str = "max"
+    early_stop_mode: EarlyStopMode = "max"
     """max: stop when the metric is >= early_stop_value; min: when it is <= (e.g. a validation loss)"""
     max_time_s: float = 0.0
     """stop training after this many seconds (0: no limit)"""
@@ -52,12 +59,7 @@ class TrainConfig:
                 raise ValueError(f"{k}: must be >= 1, got {getattr(self, k)}")
         if self.lr <= 0:
             raise ValueError(f"lr: must be > 0, got {self.lr}")
-        if self.schedule not in ("cosine", "constant", "linear"):
-            raise ValueError(f"schedule: must be cosine, constant or linear, got {self.schedule!r}")
-        if self.precision not in ("auto", "fp32", "bf16"):
-            raise ValueError(f"precision: must be auto, fp32 or bf16, got {self.precision!r}")
-        if self.early_stop_mode not in ("max", "min"):
-            raise ValueError(f"early_stop_mode: must be max or min, got {self.early_stop_mode!r}")
+        check_choices(self)
         for k in ("warmup_steps", "eval_every", "log_every", "checkpoint_every"):
             if getattr(self, k) < 0:
                 raise ValueError(f"{k}: must be >= 0, got {getattr(self, k)}")

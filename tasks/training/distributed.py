@@ -27,8 +27,10 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
-from dpx.tasks.context import RunContext
+from dpx.rundir import CHECKPOINTS
+from dpx.tasks.context import LAST_CHECKPOINT, RunContext
 
 
 def active() -> bool:
@@ -51,8 +53,6 @@ def wrap(model: nn.Module) -> nn.Module:
     """DistributedDataParallel around `model` (already on its device) when distributed, else `model`."""
     if not active():
         return model
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
     dev = next(model.parameters()).device
     return DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None)
 
@@ -145,7 +145,7 @@ class RankContext(RunContext):
         self.trial_id = config.get("trial_id", self.main_run_dir.name)
 
     def resume_path(self) -> Path | None:
-        p = self.main_run_dir / "checkpoints" / "last.pt"
+        p = self.main_run_dir / CHECKPOINTS / LAST_CHECKPOINT
         return p if p.exists() else None
 
     def close(self) -> None:

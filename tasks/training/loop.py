@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dpx.tasks.context import Diverged, Preempted
+from dpx.tasks.context import LAST_CHECKPOINT, Diverged, Preempted
 from dpx.tasks.training import distributed as dd
 from dpx.tasks.training.config import TrainConfig
 from dpx.tasks.training.schedule import lr_factor
@@ -141,7 +141,7 @@ def fit(model: nn.Module, cfg: TrainConfig | dict, ctx, *,
     opt = make_optimizer(model, cfg, device)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(
         s, steps=cfg.steps, warmup_steps=cfg.warmup_steps, schedule=cfg.schedule, min_lr_ratio=cfg.min_lr_ratio))
-    ck_path = ctx.checkpoint_dir / "last.pt"
+    ck_path = ctx.checkpoint_dir / LAST_CHECKPOINT
 
     step, tokens, train_time, last_eval, stop_reason, finished = 0, 0, 0.0, {}, "steps", False
     resume = ctx.resume_path()

@@ -7,7 +7,7 @@ from typing import Any
 
 def pyplot() -> Any | None:
     try:
-        import matplotlib
+        import matplotlib  # matplotlib: optional, loaded only when a figure is drawn
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
@@ -18,7 +18,7 @@ def pyplot() -> Any | None:
 
 
 def save(ctx, fig, name: str) -> None:
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # matplotlib: loaded by pyplot() before any figure reaches here
 
     try:
         ctx.save_figure(fig, name)

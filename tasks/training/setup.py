@@ -22,10 +22,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dpx.models import num_params
+from dpx.rundir import NUM_PARAMS, TOKENS_PER_S
 from dpx.tasks.context import RunContext
 from dpx.tasks.training.config import EvalConfig, TrainConfig
 from dpx.tasks.training.loop import FitResult, autocast
-from dpx.tasks.training.model import build_model, num_params
+from dpx.tasks.training.model import build_seeded_model
 
 
 @dataclass
@@ -42,7 +44,7 @@ class TrialSetup:
     """built (seeded by the trial seed) unless setup_trial(build=False)"""
 
     def build_model(self) -> nn.Module:
-        self.model = build_model(self.config["model"], self.seed)
+        self.model = build_seeded_model(self.config["model"], self.seed)
         return self.model
 
     @contextlib.contextmanager
@@ -54,8 +56,8 @@ class TrialSetup:
             yield self.model
 
     def summary(self, result: FitResult) -> dict:
-        """The keys every training task reports (registry/keys.py): throughput, size, last validation, train/*."""
-        return {"tokens_per_s": round(result.tokens_per_s, 1), "num_params": num_params(self.model),
+        """The keys every training task reports (dpx.rundir): throughput, size, last validation, train/*."""
+        return {TOKENS_PER_S: round(result.tokens_per_s, 1), NUM_PARAMS: num_params(self.model),
                 **result.last_eval, **result.summary()}
 
 

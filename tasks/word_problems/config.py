@@ -5,23 +5,26 @@ Torch-free and numpy-free (the orchestrator imports it to validate recipes).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
-from dpx.models.config import did_you_mean
+from dpx.models.choices import Choices, check_choices
 
-GROUP_ORDERS = {"S3": 6, "S4": 24, "A5": 60, "S5": 120}
+Group = Literal["S3", "S4", "A5", "S5"]
+GROUP_ORDERS: dict[Group, int] = {"S3": 6, "S4": 24, "A5": 60, "S5": 120}
+assert tuple(GROUP_ORDERS) == get_args(Group)
 NUM_SPECIAL = 7
 """the authors' tokenizer appends [PAD] [BOS] [UNK] [EOS] [SEP] [CLS] [MASK] after the |G| element tokens"""
 
 
 @dataclass
-class WordProblemConfig:
+class WordProblemConfig(Choices):
     """Input [BOS, x_1..x_k], labels [BOS, y_1..y_k] with y_t = x_1 * ... * x_t; token id = element index,
     PAD = |G|, BOS = |G| + 1 (the authors' tokenizer). Sequences are drawn on the fly from the trial seed."""
 
     __pydantic_config__ = {"extra": "forbid"}
 
     name: str = "word_problem"
-    group: str = "S3"
+    group: Group = "S3"
     """S3 | S4 | A5 | S5"""
     train_len: int = 128
     """word length k during training (the paper: 128)"""
@@ -35,9 +38,7 @@ class WordProblemConfig:
     """optional folder where generated word pools and test sets are kept as .npy for reuse ('' disables)"""
 
     def __post_init__(self):
-        if self.group not in GROUP_ORDERS:
-            hint = did_you_mean(self.group, GROUP_ORDERS, cutoff=0.3)
-            raise ValueError(f"group: unknown group {self.group!r}{hint}; known: {', '.join(GROUP_ORDERS)}")
+        check_choices(self)
         for k in ("train_len", "test_len", "val_samples"):
             if getattr(self, k) <= 0:
                 raise ValueError(f"{k}: must be > 0, got {getattr(self, k)}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from dpx.rundir import CURVE_PROBE_BETA, CURVE_PROBE_PCA, PROBE_HEAD, PROBE_ROTATION_HEADS
 from dpx.tasks.training import plots
 from dpx.tasks.word_problems.data import WordProblemData
 
@@ -59,15 +60,15 @@ def probe(model, task, ev, ctx, device) -> dict:
             b = beta_per_element(tokens, beta[..., h].reshape(-1, n), task.num_elements)
             cv = cumulative_explained_variance(k[:, :, :, h].reshape(-1, K))
             for j in range(n):
-                ctx.log_curve(f"probe/beta/l{layer}/h{h}/j{j}", range(task.num_elements), np.nan_to_num(b[:, j]))
-            ctx.log_curve(f"probe/pca_cumvar/l{layer}/h{h}", range(1, K + 1), cv)
+                ctx.log_curve(f"{CURVE_PROBE_BETA}/l{layer}/h{h}/j{j}", range(task.num_elements), np.nan_to_num(b[:, j]))
+            ctx.log_curve(f"{CURVE_PROBE_PCA}/l{layer}/h{h}", range(1, K + 1), cv)
             bm, p3 = float(np.nanmean(b)), float(cv[min(2, K - 1)])
-            summary[f"probe/l{layer}/h{h}/beta_mean"] = bm
-            summary[f"probe/l{layer}/h{h}/pca3"] = p3
+            summary[f"{PROBE_HEAD}/l{layer}/h{h}/beta_mean"] = bm
+            summary[f"{PROBE_HEAD}/l{layer}/h{h}/pca3"] = p3
             rotation_heads += int(n >= 2 and bm > 1.5 and p3 >= 0.95)  # one reflection is no rotation
             per_head.append((b, cv))
         _plot(ctx, task, layer, per_head)
-    summary["probe/rotation_heads"] = rotation_heads
+    summary[PROBE_ROTATION_HEADS] = rotation_heads
     return summary
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from dpx.rundir import ACC_AT_TRAIN_LEN, CURVE_ACC_AT_POS, MAX_LEN_ACC90, SEQ_ACC, TOKEN_ACC
 from dpx.tasks.context import RunContext
 from dpx.tasks.training import plots
 from dpx.tasks.training.loop import fit
@@ -12,6 +13,7 @@ from dpx.tasks.training.setup import next_token_loss, setup_trial
 from dpx.tasks.word_problems.config import WordProblemConfig
 from dpx.tasks.word_problems.data import WordProblemData
 from dpx.tasks.word_problems.metrics import evaluate, max_len_at
+from dpx.tasks.word_problems.probe import probe
 
 
 def run(config: dict, ctx: RunContext) -> dict:
@@ -36,18 +38,16 @@ def run(config: dict, ctx: RunContext) -> dict:
         acc = evaluate(model, test_x, test_y, ev.batch_size, device)
     curve = acc.acc_at_pos()
     positions = np.arange(1, len(curve))
-    ctx.log_curve("acc_at_pos", positions, curve[1:])
+    ctx.log_curve(CURVE_ACC_AT_POS, positions, curve[1:])
     summary = {
-        "acc_at_train_len": float(curve[task.train_len]),
-        "max_len_acc90": max_len_at(curve, 0.9),
-        "token_acc": acc.token_acc(),
-        "seq_acc": float(curve[-1]),
+        ACC_AT_TRAIN_LEN: float(curve[task.train_len]),
+        MAX_LEN_ACC90: max_len_at(curve, 0.9),
+        TOKEN_ACC: acc.token_acc(),
+        SEQ_ACC: float(curve[-1]),
         **s.summary(result),
     }
     _plot(ctx, task, positions, curve[1:], config)
     if ev.probe:
-        from dpx.tasks.word_problems.probe import probe
-
         summary.update(probe(model, task, ev, ctx, device))
     return summary
 

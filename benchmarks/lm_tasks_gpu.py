@@ -1,6 +1,7 @@
-"""Run resolved LM / throughput trials in one process and write a compact report (the GPU proof of tasks/lm).
+"""The `lm` and `throughput` tasks on a GPU: run resolved trials in one process and write a compact report (the GPU
+proof of tasks/lm: tokens/s, MFU, loss curves, dpx vs fla at each Fig. 4 shape).
 
-    python -m dpx.tasks.lm.bench_gpu TRIALS.json OUT_DIR [--budget-s 150]
+    python benchmarks/lm_tasks_gpu.py TRIALS.json OUT_DIR [--budget-s 150]
 
 TRIALS.json is a list of resolved trial configs (what `dpx expand` produces, e.g. from
 `recipes/fig4_throughput.yaml scale=gpu_small` and `recipes/table3.yaml scale=gpu_small`). Each trial runs through
@@ -17,6 +18,7 @@ import time
 import traceback
 from pathlib import Path
 
+from dpx.rundir import METRICS, NUM_PARAMS, TOKENS_PER_S, VAL_LOSS
 from dpx.tasks import TASKS
 from dpx.tasks.context import RunContext
 
@@ -54,7 +56,7 @@ def main(argv=None) -> int:
             ctx.close()
         row["wall_s"] = round(time.time() - start, 1)
         results.append(row)
-        mpath = run_dir / "metrics.jsonl"
+        mpath = run_dir / METRICS
         if mpath.exists():
             c: dict = {}
             for line in mpath.read_text().splitlines():
@@ -85,9 +87,9 @@ def markdown(results: list[dict], curves: dict) -> str:
             by = {r["task_config"].get("impl", "dpx"): r["metrics"] for r in tp if keyf(r) == key}
             d, f = by.get("dpx"), by.get("fla")
             ref = d or f
-            ratio = f"{d['tokens_per_s'] / f['tokens_per_s']:.2f}" if d and f else "-"
+            ratio = f"{d[TOKENS_PER_S] / f[TOKENS_PER_S]:.2f}" if d and f else "-"
             lines.append(f"| {key[0]} | {ref['num_heads']} x {ref['head_dim']} | {key[1]} x {key[2]} | "
-                         f"{_fmt(d and d['tokens_per_s'], ',.0f')} | {_fmt(f and f['tokens_per_s'], ',.0f')} | {ratio} | "
+                         f"{_fmt(d and d[TOKENS_PER_S], ',.0f')} | {_fmt(f and f[TOKENS_PER_S], ',.0f')} | {ratio} | "
                          f"{_fmt(d and d.get('mfu'), '.3f')} | {_fmt(d and d.get('peak_mem_gib'), '.1f')} "
                          f"({_fmt(d and d.get('mem_estimate_gib'), '.1f')}) |")
     lm = [r for r in done if r["task"] != "throughput"]
@@ -100,9 +102,9 @@ def markdown(results: list[dict], curves: dict) -> str:
             picks = [p for i, p in enumerate(pts) if i in {0, len(pts) // 4, len(pts) // 2, 3 * len(pts) // 4, len(pts) - 1}]
             curve = ", ".join(f"{v:.2f} ({s})" for s, v in picks)
             lines.append(f"| {r['model']['num_householder']} | {m.get('num_heads')} x {m.get('head_dim')} | "
-                         f"{m['num_params'] / 1e6:.1f}M | {m.get('train_steps')} | {m.get('train_tokens', 0) / 1e6:.1f}M | "
-                         f"{_fmt(m.get('tokens_per_s'), ',.0f')} | {_fmt(m.get('mfu'), '.3f')} | {curve} | "
-                         f"{_fmt(m.get('val_loss'), '.3f')} |")
+                         f"{m[NUM_PARAMS] / 1e6:.1f}M | {m.get('train_steps')} | {m.get('train_tokens', 0) / 1e6:.1f}M | "
+                         f"{_fmt(m.get(TOKENS_PER_S), ',.0f')} | {_fmt(m.get('mfu'), '.3f')} | {curve} | "
+                         f"{_fmt(m.get(VAL_LOSS), '.3f')} |")
     bad = [r for r in results if r["status"] != "completed"]
     for r in bad:
         lines.append(f"\n- {r['task']} {r['trial_id']}: {r['status']} {r.get('error', '')}")
@@ -117,11 +119,11 @@ def table(results: list[dict]) -> str:
         mo = {**(r.get("model") or {}), **{k: m[k] for k in ("num_heads", "head_dim") if k in m}}
         shape = f"{t.get('seq_len', t.get('context_len', ''))}x{t.get('batch_size', '')}" if r["task"] == "throughput" \
             else f"ctx{t.get('context_len', '')}"
-        tps = m.get("tokens_per_s")
+        tps = m.get(TOKENS_PER_S)
         lines.append(f"{str(r.get('recipe')):18} {r['task']:10} {mo.get('num_householder', ''):>3} "
                      f"{mo.get('num_heads', ''):>3} {str(mo.get('head_dim', '')):>4} {t.get('impl', 'dpx'):5} "
                      f"{shape:>10} {f'{tps:,.0f}' if tps else '-':>12} "
-                     f"{_fmt(m.get('mfu'), '.3f'):>6} {_fmt(m.get('val_loss'), '.3f'):>7} {r['status']}")
+                     f"{_fmt(m.get('mfu'), '.3f'):>6} {_fmt(m.get(VAL_LOSS), '.3f'):>7} {r['status']}")
     return "\n".join(lines)
 
 
