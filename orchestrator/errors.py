@@ -1,7 +1,7 @@
 """User-facing errors: one line naming the file, the key path and the reason; the CLI exits with status 2."""
 from __future__ import annotations
 
-from dpx.models.config import did_you_mean  # noqa: F401  the one did-you-mean of dpx (models may not import us)
+from dpx.models.choices import did_you_mean  # noqa: F401  the one did-you-mean of dpx (models may not import us)
 
 
 class RecipeError(Exception):
