@@ -149,8 +149,7 @@ def _complete_recipe(incomplete: str) -> list[str]:
         ws = _ws(None)
         store = _store(ws)
         if store is not None:
-            found += sorted({r[0] for r in store.q("SELECT DISTINCT recipe FROM trials")
-                             if r[0].startswith(incomplete)} - set(found))
+            found += sorted({n for n in store.recipes() if n.startswith(incomplete)} - set(found))
     except Exception:  # noqa: BLE001 — completion must never fail loudly
         pass
     return found
@@ -377,8 +376,8 @@ def logs(trial: str = typer.Argument(..., help="trial id (a unique prefix is eno
             print(f"===== {r['recipe']}/{r['trial_id']} ({r['status']})")
         if follow:
             def running(recipe=r["recipe"], tid=r["trial_id"]) -> bool:
-                got = store.q("SELECT status FROM trials WHERE recipe = ? AND trial_id = ?", (recipe, tid))
-                return bool(got) and got[0]["status"] in ("pending", "running")
+                got = store.trial(recipe, tid)
+                return got is not None and got["status"] in ("pending", "running")
 
             tlogs.follow(run_dir, running)
             continue
