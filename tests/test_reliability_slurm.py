@@ -106,8 +106,10 @@ def node_processes(d: str, node: str) -> list[psutil.Process]:
     procs = [psutil.Process(int(Path(d, f"slurmd-{node}.pid").read_text()))]
     r = subprocess.run(["squeue", "-h", "-w", node, "-o", "%A"], capture_output=True, text=True)
     jobs = set(r.stdout.split())
-    conf = f"{d}/slurm.conf"  # as the fixture exports it; this cluster's processes only: another cluster on the host (a second test
-    for p in psutil.process_iter(["cmdline", "environ"]):  # run) has job ids and node names of its own, alike
+    # this cluster's processes only (SLURM_CONF as the fixture exports it): a second cluster on the host, another
+    # test run, has job ids and node names alike
+    conf = f"{d}/slurm.conf"
+    for p in psutil.process_iter(["cmdline", "environ"]):
         cmd, env = " ".join(p.info["cmdline"] or []), p.info["environ"] or {}
         if env.get("SLURM_CONF") != conf:  # slurmstepd and every job process carry their cluster's SLURM_CONF
             continue
