@@ -106,10 +106,15 @@ def node_processes(d: str, node: str) -> list[psutil.Process]:
     procs = [psutil.Process(int(Path(d, f"slurmd-{node}.pid").read_text()))]
     r = subprocess.run(["squeue", "-h", "-w", node, "-o", "%A"], capture_output=True, text=True)
     jobs = set(r.stdout.split())
+    # this cluster's processes only (SLURM_CONF as the fixture exports it): a second cluster on the host, another
+    # test run, has job ids and node names alike
+    conf = f"{d}/slurm.conf"
     for p in psutil.process_iter(["cmdline", "environ"]):
-        cmd = " ".join(p.info["cmdline"] or [])
+        cmd, env = " ".join(p.info["cmdline"] or []), p.info["environ"] or {}
+        if env.get("SLURM_CONF") != conf:  # slurmstepd and every job process carry their cluster's SLURM_CONF
+            continue
         stepd = cmd.startswith("slurmstepd: [") and cmd[len("slurmstepd: ["):].split(".")[0].split("]")[0] in jobs
-        if stepd or (p.info["environ"] or {}).get("SLURMD_NODENAME") == node:
+        if stepd or env.get("SLURMD_NODENAME") == node:
             procs.append(p)
             try:
                 procs += p.children(recursive=True)
