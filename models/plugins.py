@@ -11,7 +11,7 @@ where `my_pkg/dpx_models.py` (keep it torch-free: recipes are validated without 
                 "doc": "what it is"}
 
 The family name is the entry point's name; `model: {family: my_mixer}` then validates (`families()`, no torch),
-and `build_model` imports the class on first use (`mixer_class`). A built-in name is never replaced; a broken
+and `build_model` imports the class on first use (`plugin_class`; `mixers.get_mixer` checks that it is a Mixer). A built-in name is never replaced; a broken
 plugin is a warning naming it, not a failure of every recipe.
 """
 from __future__ import annotations
@@ -51,15 +51,11 @@ def families() -> tuple[str, ...]:
     return FAMILIES + tuple(f for f in specs() if f not in FAMILIES)
 
 
-def mixer_class(family: str):
-    """The plugin's mixer class (imported here, on first use), or None when no plugin names `family`."""
+def plugin_class(family: str):
+    """The plugin's mixer class (its module imported here, on first use), or None when no plugin names `family`.
+    Checked against dpx.models.mixers.Mixer by `mixers.get_mixer`, the torch side: this module stays torch-free."""
     spec = specs().get(family)
     if spec is None:
         return None
     module, _, name = spec["mixer"].partition(":")
-    cls = getattr(importlib.import_module(module), name)
-    from .mixers.base import Mixer  # here, not at the top: config.py imports this module and must not load torch
-
-    if not (isinstance(cls, type) and issubclass(cls, Mixer)):
-        raise TypeError(f"model plugin {family!r}: {spec['mixer']} is not a dpx.models.mixers.Mixer subclass")
-    return cls
+    return getattr(importlib.import_module(module), name)

@@ -34,14 +34,9 @@ TRIAL = "dpx.orchestrator.trial"
 TRIAL_FORBIDDEN = {"pydantic", "mlflow", "ray", "omegaconf", "duckdb"}
 LAZY_COMMENTED = ("orchestrator", "registry", "dpx")  # function-level imports there say why (a comment)
 
-# Import cycles held together by an import inside a function, in a package another branch of issue 17 owns: the
-# models' plugins.py imports mixers.base lazily (to keep torch off `import dpx.models`) while mixers/__init__ and
-# config import plugins at the top. Each entry is the importing module and the module its import names; that import
-# is left out of the cycle check. THE LEAD EMPTIES THIS once the models break the cycle (an entry that no longer
-# closes a cycle fails test_no_import_cycles, saying so). The tasks' lm.task <-> lm_eval_adapter cycle is gone.
-KNOWN_CYCLE_EDGES: set[tuple[str, str]] = {
-    ("dpx.models.plugins", "dpx.models.mixers.base"),
-}
+# Import cycles a change may leave for a while (importing module, module its import names; that import is left out
+# of the cycle check). Empty: every cycle is gone. An entry that no longer closes a cycle fails test_no_import_cycles.
+KNOWN_CYCLE_EDGES: set[tuple[str, str]] = set()
 
 
 def _module_name(path: Path) -> str:

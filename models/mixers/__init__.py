@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..config import FAMILIES, did_you_mean
-from ..plugins import mixer_class
+from ..plugins import plugin_class, specs
 from .base import MODES, Mixer
 from .attention import Attention
 from .delta import DeltaProductMixer
@@ -33,8 +33,11 @@ MIXERS: dict[str, type[Mixer]] = {
 
 def get_mixer(family: str) -> type[Mixer]:
     if family not in MIXERS:
-        cls = mixer_class(family)  # a family another package registered (models/plugins.py)
+        cls = plugin_class(family)  # a family another package registered (models/plugins.py)
         if cls is not None:
+            if not (isinstance(cls, type) and issubclass(cls, Mixer)):
+                raise TypeError(f"model plugin {family!r}: {specs()[family]['mixer']} is not a "
+                                "dpx.models.mixers.Mixer subclass")
             MIXERS[family] = cls
             return cls
         raise ValueError(f"family: no mixer registered for {family!r}" + did_you_mean(family, MIXERS)
