@@ -304,15 +304,22 @@ class StateStore:
             out[r["status"]] += 1
         return out
 
-    def claim(self, recipe: str, trial_id: str, owner: str) -> sqlite3.Row | None:
-        """pending → running for this owner, atomically; None when someone else got it (or it is not pending)."""
+    def claim(self, recipe: str, trial_id: str, owner: str, limit: int | None = None,
+              backend: str | None = None) -> sqlite3.Row | None:
+        """pending → running for this owner, atomically; None when someone else got it (or it is not pending), or,
+        with `limit`, when the workspace already runs `limit` trials on `backend` (every recipe's: the trials owned
+        by submissions of that backend). One statement, so two drivers can never both take the last slot."""
         now = time.time()
+        sql = ("UPDATE trials SET status = 'running', owner = ?, attempts = attempts + 1, started_at = ?,"
+               " ended_at = NULL, error = NULL, host = ?, pid = NULL, updated_at = ?"
+               " WHERE recipe = ? AND trial_id = ? AND status = 'pending'")
+        args: list[Any] = [owner, now, socket.gethostname(), now, recipe, trial_id]
+        if limit is not None:
+            sql += (" AND (SELECT count(*) FROM trials t JOIN submissions s ON s.id = t.owner"
+                    " WHERE t.status = 'running' AND s.backend = ?) < ?")
+            args += [backend, int(limit)]
         with self.tx() as c:
-            cur = c.execute(
-                "UPDATE trials SET status = 'running', owner = ?, attempts = attempts + 1, started_at = ?,"
-                " ended_at = NULL, error = NULL, host = ?, pid = NULL, updated_at = ?"
-                " WHERE recipe = ? AND trial_id = ? AND status = 'pending'",
-                (owner, now, socket.gethostname(), now, recipe, trial_id))
+            cur = c.execute(sql, tuple(args))
             if not cur.rowcount:
                 return None
             self._event(c, recipe, trial_id, "running", owner)

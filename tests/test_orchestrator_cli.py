@@ -137,6 +137,44 @@ def test_second_submit_hands_over_to_the_live_driver(tmp_path, dpx):
     assert "every trial was run by the recipe's earlier driver" in logs[1].read_text()
 
 
+def test_max_parallel_holds_across_recipes_of_a_workspace(tmp_path, dpx):
+    """Two recipes, two drivers, one workspace, max_parallel 2 each: never more than 2 trials run at once in the
+    workspace (the claim counts every recipe's running trials on the backend), and every trial runs once."""
+    ws = tmp_path / "ws"
+    paths = []
+    for name, values in (("wsa", "[1.0, 2.0, 3.0]"), ("wsb", "[4.0, 5.0, 6.0]")):  # distinct configs, distinct ids
+        p = tmp_path / f"{name}.yaml"
+        p.write_text(RECIPE.replace("name: clidbg", f"name: {name}").replace("[1.0, 2.0]", values))
+        paths.append(p)
+    peak, stop = [0], threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            try:
+                con = sqlite3.connect(ws / "state.db", timeout=30)
+                n = con.execute("SELECT count(*) FROM trials WHERE status = 'running'").fetchone()[0]
+                con.close()
+                peak[0] = max(peak[0], n)
+            except sqlite3.Error:
+                pass
+            time.sleep(0.05)
+
+    slow = ["task.sleep_s=0.4", "task.steps=4"]
+    th = threading.Thread(target=sample, daemon=True)
+    th.start()
+    for p in paths:
+        r = dpx("submit", str(p), *slow, ws=ws)
+        assert r.returncode == 0, r.stdout + r.stderr
+    for name in ("wsa", "wsb"):
+        w = dpx("watch", name, ws=ws, timeout=240)
+        assert w.returncode == 0 and f"{name}: results" in w.stdout, w.stdout + w.stderr
+    stop.set()
+    th.join()
+    rows = _rows(ws)
+    assert len(rows) == 6 and all(x["status"] == "completed" and x["attempts"] == 1 for x in rows.values())
+    assert 1 <= peak[0] <= 2, peak[0]
+
+
 def test_logs_follow_prints_training_lines_until_the_end(tmp_path, dpx):
     ws = tmp_path / "ws"
     p = _recipe(tmp_path)

@@ -52,6 +52,9 @@ class Driver:
         self.queue_at = 0.0
         self.timeout_s = self.hardware.timeout_s
         self.max_retries = self.hardware.max_retries
+        # max_parallel holds per workspace: trials of every recipe on this backend count against it (the local
+        # machine's slots when not set; Ray and Slurm schedule on their own then)
+        self.ws_limit = self.hardware.max_parallel or (self.backend.slots if self.backend.name == "local" else None)
 
     # ---- MLflow (never fatal: run dirs are the source of truth; `dpx sync` catches up) -----------------------
     def _setup_tracking(self) -> None:
@@ -159,8 +162,12 @@ class Driver:
             self._refresh_queue()  # picks up trials requeued by retries, preemption or `rerun`
         while self.queue and self.backend.capacity() > 0:
             tid = self.queue.pop(0)
-            claimed = self.store.claim(self.recipe, tid, self.sub_id)
+            claimed = self.store.claim(self.recipe, tid, self.sub_id, self.ws_limit, self.backend.name)
             if claimed is None:
+                row = self.store.trial(self.recipe, tid)
+                if self.ws_limit is not None and row is not None and row["status"] == "pending":
+                    self.queue.insert(0, tid)  # the workspace is full (other recipes' trials): wait for a slot
+                    break
                 continue
             self._launch(claimed)
             started = True
