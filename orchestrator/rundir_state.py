@@ -2,13 +2,16 @@
 host and pid that `dpx repair` rebuilds a lost store from and that `StateStore.add_submission` checks a new trial
 against (a run dir already holding its completed result is registered completed, never run again).
 
-Stdlib and dpx.rundir only: the state store imports it (never the other way).
+Stdlib, dpx.rundir and the trial side's worker.py only: the state store imports it (never the other way).
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from dpx.rundir import ERROR, LOG, RESULT, WORKER, read_json
+
+from .trial.worker import header_time
 
 ATTEMPT_HEADER = "===== attempt "
 """the line the backend writes into log.txt before each attempt (`===== attempt N YYYY-mm-dd HH:MM:SS ...`)"""
@@ -22,15 +25,32 @@ def attempts_in_log(d: Path) -> int:
         return 0
 
 
+def last_attempt_in_log(d: Path) -> int:
+    """The highest attempt number a header in log.txt names (a Slurm requeue repeats an attempt's number)."""
+    try:
+        text = (d / LOG).read_text(errors="replace")
+    except OSError:
+        return 0
+    return max([0] + [int(n) for n in re.findall(re.escape(ATTEMPT_HEADER) + r"(\d+) ", text)])
+
+
 def run_dir_state(d: Path, trial_id: str) -> dict:
     """What a run dir says about its trial: status, attempts, error, started/ended, host, pid."""
     res, err, wk = read_json(d / RESULT), read_json(d / ERROR), read_json(d / WORKER)
-    attempts = max([attempts_in_log(d)] + [int(x.get("attempt") or 0) for x in (res, err, wk) if x])
+    launched = last_attempt_in_log(d)
+    known = max([0] + [int(x.get("attempt") or 0) for x in (res, err, wk) if x])
+    attempts = max([attempts_in_log(d), known])
     out = {"status": "pending", "attempts": attempts, "error": None, "started_at": None, "ended_at": None,
            "host": None, "pid": None}
     if res and res.get("status") == "completed" and res.get("trial_id", trial_id) == trial_id:
         out.update(status="completed", started_at=res.get("started_at"), ended_at=res.get("ended_at"),
                    host=res.get("host"))
+    elif launched > known:
+        # the backend started attempt `launched` (its header is in log.txt) and its worker has not registered yet:
+        # running, not pending, or a store rebuilt in that instant would run the trial a second time beside it
+        # (issue 16). The next driver treats it as registering: adopted once worker.json appears, lost (and
+        # retried) when none appears within the grace after the header.
+        out.update(status="running", started_at=header_time(d, launched))
     elif err and err.get("status") == "failed" and (not wk or int(wk.get("attempt") or 0) <= int(err.get("attempt") or 0)):
         out.update(status="failed", error=str(err.get("error") or "failed").splitlines()[0][:1000],
                    ended_at=err.get("ended_at"))

@@ -175,6 +175,35 @@ def test_submit_adopts_trials_whose_run_dir_says_completed(tmp_path):
     assert got[ex.trials[1].trial_id] == ("pending", 0) and got[ex.trials[2].trial_id] == ("pending", 0)
 
 
+def test_launched_attempt_without_worker_is_rebuilt_running(tmp_path):
+    """The store lost in the instant after the backend started an attempt (its header is in log.txt) and before
+    its worker wrote worker.json: the rebuilt trial is running (registering), not pending, so the next driver adopts
+    it instead of starting it a second time (issue 16). Retries and Slurm's repeated headers read right."""
+    import json
+
+    from dpx.orchestrator.rundir_state import run_dir_state
+
+    d = tmp_path / "t"
+    d.mkdir()
+    (d / "log.txt").write_text("\n===== attempt 1 2026-12-01 10:00:00 =====\n")
+    st = run_dir_state(d, "t")
+    assert st["status"] == "running" and st["pid"] is None and st["attempts"] == 1 and st["started_at"]
+    (d / "worker.json").write_text(json.dumps({"attempt": 1, "pid": 4242, "host": "h", "time": 5.0}))
+    assert run_dir_state(d, "t")["pid"] == 4242  # registered: adopted by its pid
+    (d / "error.json").write_text(json.dumps({"trial_id": "t", "status": "failed", "error": "boom", "attempt": 1}))
+    assert run_dir_state(d, "t")["status"] == "failed"
+    with open(d / "log.txt", "a") as f:  # the retry started, not registered yet
+        f.write("\n===== attempt 2 2026-12-01 10:01:00 =====\n")
+    st = run_dir_state(d, "t")
+    assert st["status"] == "running" and st["attempts"] == 2 and st["pid"] is None
+    e = tmp_path / "requeued"  # Slurm requeued attempt 1 (a second header of the same number), worker registered
+    e.mkdir()
+    (e / "log.txt").write_text("\n===== attempt 1 2026-12-01 10:00:00 on n2 =====\n"
+                               "\n===== attempt 1 2026-12-01 10:02:00 on n1 =====\n")
+    (e / "worker.json").write_text(json.dumps({"attempt": 1, "pid": 77, "host": "n1", "time": 6.0}))
+    assert run_dir_state(e, "requeued")["pid"] == 77
+
+
 def test_run_dir_deleted_while_the_trial_runs_says_so(tmp_path, dpx):
     """The run dir removed under a running trial: the trial fails with "its run dir ... was deleted while the
     trial ran", not "exited with code 1 before writing a result"; the other trial completes."""
