@@ -20,4 +20,11 @@ for pf in "$D"/slurmd.pid "$D"/slurmd-*.pid "$D"/{slurmctld,slurmdbd,mariadbd,mu
   for i in $(seq 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
   kill -0 "$p" 2>/dev/null && { echo "slurm_down: $f ($p) ignored TERM, killing"; kill -KILL "$p"; }
 done
+# job steps the daemons left behind (a node killed mid-job: its slurmstepd reparented to init waits forever for a
+# controller that is gone): every process that carries this cluster's SLURM_CONF
+for e in /proc/[0-9]*/environ; do
+  tr '\0' '\n' < "$e" 2>/dev/null | grep -qxF "SLURM_CONF=$D/slurm.conf" || continue
+  p=${e#/proc/} && p=${p%/environ}
+  [ "$p" = $$ ] || kill -KILL "$p" 2>/dev/null
+done
 exit 0
