@@ -10,8 +10,6 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
-
 RECIPE = """
 name: clidbg
 task: {name: debug, steps: 3, sleep_s: 0.05}
@@ -25,6 +23,30 @@ def _recipe(tmp_path: Path) -> Path:
     p = tmp_path / "clidbg.yaml"
     p.write_text(RECIPE)
     return p
+
+
+class PeakRunning(threading.Thread):
+    """Samples the workspace's running-trial count every 50 ms until stopped; `peak` is the most seen at once."""
+
+    def __init__(self, ws: Path):
+        super().__init__(daemon=True)
+        self.ws, self.peak, self.done = ws, 0, threading.Event()
+
+    def run(self):
+        while not self.done.is_set():
+            try:
+                con = sqlite3.connect(self.ws / "state.db", timeout=30)
+                n = con.execute("SELECT count(*) FROM trials WHERE status = 'running'").fetchone()[0]
+                con.close()
+                self.peak = max(self.peak, n)
+            except sqlite3.Error:
+                pass
+            time.sleep(0.05)
+
+    def stop(self) -> int:
+        self.done.set()
+        self.join()
+        return self.peak
 
 
 def _rows(ws: Path) -> dict:
@@ -102,29 +124,15 @@ def test_second_submit_hands_over_to_the_live_driver(tmp_path, dpx):
     slow = ["task.sleep_s=0.4", "task.steps=4"]
     r = dpx("submit", str(p), *slow, ws=ws)
     assert r.returncode == 0, r.stderr
-    peak, stop = [0], threading.Event()
-
-    def sample():
-        while not stop.is_set():
-            try:
-                con = sqlite3.connect(ws / "state.db", timeout=30)
-                n = con.execute("SELECT count(*) FROM trials WHERE status = 'running'").fetchone()[0]
-                con.close()
-                peak[0] = max(peak[0], n)
-            except sqlite3.Error:
-                pass
-            time.sleep(0.05)
-
-    th = threading.Thread(target=sample, daemon=True)
-    th.start()
+    sampler = PeakRunning(ws)
+    sampler.start()
     r = dpx("submit", str(p), *slow, "task.value=1.0,2.0,3.0,4.0", ws=ws)
     assert r.returncode == 0 and "joined its queue" in r.stdout, r.stdout + r.stderr
     w = dpx("watch", "clidbg", ws=ws, timeout=240)
-    stop.set()
-    th.join()
+    peak = sampler.stop()
     assert w.returncode == 0, w.stdout + w.stderr
     assert "clidbg: results" in w.stdout and w.stdout.count("completed") >= 4
-    assert peak[0] <= 2
+    assert peak <= 2
     rows = _rows(ws)
     assert len(rows) == 4 and all(x["status"] == "completed" and x["attempts"] == 1 for x in rows.values())
     for x in rows.values():  # one attempt header per log: nothing ran twice
@@ -146,33 +154,20 @@ def test_max_parallel_holds_across_recipes_of_a_workspace(tmp_path, dpx):
         p = tmp_path / f"{name}.yaml"
         p.write_text(RECIPE.replace("name: clidbg", f"name: {name}").replace("[1.0, 2.0]", values))
         paths.append(p)
-    peak, stop = [0], threading.Event()
-
-    def sample():
-        while not stop.is_set():
-            try:
-                con = sqlite3.connect(ws / "state.db", timeout=30)
-                n = con.execute("SELECT count(*) FROM trials WHERE status = 'running'").fetchone()[0]
-                con.close()
-                peak[0] = max(peak[0], n)
-            except sqlite3.Error:
-                pass
-            time.sleep(0.05)
 
     slow = ["task.sleep_s=0.4", "task.steps=4"]
-    th = threading.Thread(target=sample, daemon=True)
-    th.start()
+    sampler = PeakRunning(ws)
+    sampler.start()
     for p in paths:
         r = dpx("submit", str(p), *slow, ws=ws)
         assert r.returncode == 0, r.stdout + r.stderr
     for name in ("wsa", "wsb"):
         w = dpx("watch", name, ws=ws, timeout=240)
         assert w.returncode == 0 and f"{name}: results" in w.stdout, w.stdout + w.stderr
-    stop.set()
-    th.join()
+    peak = sampler.stop()
     rows = _rows(ws)
     assert len(rows) == 6 and all(x["status"] == "completed" and x["attempts"] == 1 for x in rows.values())
-    assert 1 <= peak[0] <= 2, peak[0]
+    assert 1 <= peak <= 2, peak
 
 
 def test_logs_follow_prints_training_lines_until_the_end(tmp_path, dpx):
