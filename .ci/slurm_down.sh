@@ -20,11 +20,15 @@ for pf in "$D"/slurmd.pid "$D"/slurmd-*.pid "$D"/{slurmctld,slurmdbd,mariadbd,mu
   for i in $(seq 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
   kill -0 "$p" 2>/dev/null && { echo "slurm_down: $f ($p) ignored TERM, killing"; kill -KILL "$p"; }
 done
-# job steps the daemons left behind (a node killed mid-job: its slurmstepd reparented to init waits forever for a
-# controller that is gone): every process that carries this cluster's SLURM_CONF
+# job processes the daemons left behind (a node killed mid-job: its job steps, reparented to init, wait forever for
+# a controller that is gone): every process that carries this cluster's SLURM_CONF
+# (never this script or the shells above it, which may have been started with that SLURM_CONF exported)
+keep=" $$ " && a=$$
+while [ "$a" -gt 1 ] 2>/dev/null; do a=$(awk '{print $4}' "/proc/$a/stat" 2>/dev/null || echo 1); keep+="$a "; done
 for e in /proc/[0-9]*/environ; do
-  tr '\0' '\n' < "$e" 2>/dev/null | grep -qxF "SLURM_CONF=$D/slurm.conf" || continue
   p=${e#/proc/} && p=${p%/environ}
-  [ "$p" = $$ ] || kill -KILL "$p" 2>/dev/null
+  case "$keep" in *" $p "*) continue ;; esac
+  { tr '\0' '\n' < "$e"; } 2>/dev/null | grep -qxF "SLURM_CONF=$D/slurm.conf" || continue  # gone: skipped
+  kill -KILL "$p" 2>/dev/null
 done
 exit 0

@@ -106,15 +106,14 @@ def node_processes(d: str, node: str) -> list[psutil.Process]:
     procs = [psutil.Process(int(Path(d, f"slurmd-{node}.pid").read_text()))]
     r = subprocess.run(["squeue", "-h", "-w", node, "-o", "%A"], capture_output=True, text=True)
     jobs = set(r.stdout.split())
-    # this cluster's processes only (SLURM_CONF as the fixture exports it): a second cluster on the host, another
-    # test run, has job ids and node names alike
+    # a job's processes of this cluster only (SLURM_CONF as the fixture exports it): a second cluster on the host,
+    # another test run, has node names alike. Not for slurmstepd: it rewrites its environ area with its process
+    # title, so it is found by the job ids this cluster's squeue lists on the node.
     conf = f"{d}/slurm.conf"
     for p in psutil.process_iter(["cmdline", "environ"]):
         cmd, env = " ".join(p.info["cmdline"] or []), p.info["environ"] or {}
-        if env.get("SLURM_CONF") != conf:  # slurmstepd and every job process carry their cluster's SLURM_CONF
-            continue
         stepd = cmd.startswith("slurmstepd: [") and cmd[len("slurmstepd: ["):].split(".")[0].split("]")[0] in jobs
-        if stepd or env.get("SLURMD_NODENAME") == node:
+        if stepd or (env.get("SLURMD_NODENAME") == node and env.get("SLURM_CONF") == conf):
             procs.append(p)
             try:
                 procs += p.children(recursive=True)
