@@ -17,29 +17,23 @@ ATTEMPT_HEADER = "===== attempt "
 """the line the backend writes into log.txt before each attempt (`===== attempt N YYYY-mm-dd HH:MM:SS ...`)"""
 
 
-def attempts_in_log(d: Path) -> int:
-    try:
-        with open(d / LOG, "rb") as f:
-            return f.read().count(ATTEMPT_HEADER.rstrip().encode())
-    except OSError:
-        return 0
-
-
-def last_attempt_in_log(d: Path) -> int:
-    """The highest attempt number a header in log.txt names (a Slurm requeue repeats an attempt's number)."""
+def log_attempts(d: Path) -> tuple[int, int]:
+    """(attempt headers in log.txt, the highest attempt number they name), from one read of the log: the count is
+    every run of the trial, the number the last attempt (a Slurm requeue repeats its attempt's number)."""
     try:
         text = (d / LOG).read_text(errors="replace")
     except OSError:
-        return 0
-    return max([0] + [int(n) for n in re.findall(re.escape(ATTEMPT_HEADER) + r"(\d+) ", text)])
+        return 0, 0
+    numbers = [int(n) for n in re.findall(re.escape(ATTEMPT_HEADER) + r"(\d+) ", text)]
+    return len(numbers), max(numbers, default=0)
 
 
 def run_dir_state(d: Path, trial_id: str) -> dict:
     """What a run dir says about its trial: status, attempts, error, started/ended, host, pid."""
     res, err, wk = read_json(d / RESULT), read_json(d / ERROR), read_json(d / WORKER)
-    launched = last_attempt_in_log(d)
+    runs, launched = log_attempts(d)
     known = max([0] + [int(x.get("attempt") or 0) for x in (res, err, wk) if x])
-    attempts = max([attempts_in_log(d), known])
+    attempts = max(runs, known)
     out = {"status": "pending", "attempts": attempts, "error": None, "started_at": None, "ended_at": None,
            "host": None, "pid": None}
     if res and res.get("status") == "completed" and res.get("trial_id", trial_id) == trial_id:
