@@ -39,6 +39,7 @@ class Outcome:
 
 class Backend(ABC):
     name = "base"
+    hw: HardwareConfig  # the recipe's hardware section, set by every backend's __init__
 
     @classmethod
     def check(cls, hardware: HardwareConfig, workspace) -> None:
@@ -71,6 +72,11 @@ class Backend(ABC):
 
     def running(self) -> int:
         return 0
+
+    def workspace_limit(self) -> int | None:
+        """At most this many trials on this backend run at once in the whole workspace, every recipe's (the
+        driver's claims enforce it): `max_parallel`; None leaves scheduling to the cluster."""
+        return self.hw.max_parallel
 
     def close(self) -> None:
         pass

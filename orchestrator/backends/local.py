@@ -78,6 +78,9 @@ class LocalBackend(Backend):
     def running(self) -> int:
         return len(self.procs)
 
+    def workspace_limit(self) -> int:
+        return self.slots  # this machine's: max_parallel, else what its CPUs or GPUs hold
+
     def start(self, launch: Launch) -> str:
         env = {**os.environ, **launch.env, "DPX_TRIAL_ID": launch.trial_id, "DPX_ATTEMPT": str(launch.attempt),
                "PYTHONUNBUFFERED": "1"}

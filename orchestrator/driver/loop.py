@@ -52,9 +52,7 @@ class Driver:
         self.queue_at = 0.0
         self.timeout_s = self.hardware.timeout_s
         self.max_retries = self.hardware.max_retries
-        # max_parallel holds per workspace: trials of every recipe on this backend count against it (the local
-        # machine's slots when not set; Ray and Slurm schedule on their own then)
-        self.ws_limit = self.hardware.max_parallel or (self.backend.slots if self.backend.name == "local" else None)
+        self.ws_limit = self.backend.workspace_limit()  # max_parallel holds per workspace (every recipe's trials)
 
     # ---- MLflow (never fatal: run dirs are the source of truth; `dpx sync` catches up) -----------------------
     def _setup_tracking(self) -> None:
