@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,11 @@ LOG = "log.txt"
 ATTEMPTS = "attempts"
 CHECKPOINTS = "checkpoints"
 FIGURES = "figures"
+
+# the line a backend writes into log.txt before each attempt:
+#   "===== attempt N YYYY-mm-dd HH:MM:SS[ on HOST (...)] ====="
+ATTEMPT_HEADER = "===== attempt "
+HEADER_TIME = "%Y-%m-%d %H:%M:%S"  # local time, to the second
 
 # ---- summary metric keys (result.json "metrics"); the paper columns they feed: registry/keys.py -----------------
 # Word problems (Fig. 5, Fig. 12): prefix-exact-match accuracy.
@@ -75,6 +81,11 @@ CURVE_PROBE_PCA = "probe/pca_cumvar"  # Fig. 7: "probe/pca_cumvar/l<layer>/h<hea
 
 # The summary keys a results table shows first, in this order (`dpx status`/`watch` tables, six at most).
 PREFERRED = (MAX_LEN_ACC90, ACC_AT_TRAIN_LEN, SCALED_ACC, VAL_LOSS, WIKITEXT_PPL, AVG_ACC, TOKENS_PER_S, "score")
+
+
+def attempt_header(attempt: int, where: str = "") -> bytes:
+    """The header line of `attempt` as a backend appends it to log.txt right before the attempt starts."""
+    return f"\n{ATTEMPT_HEADER}{attempt} {time.strftime(HEADER_TIME)}{' ' + where if where else ''} =====\n".encode()
 
 
 # ---- JSON ---------------------------------------------------------------------------------------------------------

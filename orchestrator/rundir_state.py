@@ -9,12 +9,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from dpx.rundir import ERROR, LOG, RESULT, WORKER, read_json
+from dpx.rundir import ATTEMPT_HEADER, ERROR, LOG, RESULT, WORKER, read_json
 
 from .trial.worker import header_time
 
-ATTEMPT_HEADER = "===== attempt "
-"""the line the backend writes into log.txt before each attempt (`===== attempt N YYYY-mm-dd HH:MM:SS ...`)"""
 
 
 def log_attempts(d: Path) -> tuple[int, int]:

@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from dpx.rundir import LOG
+from dpx.rundir import LOG, attempt_header
 
 from ..errors import RecipeError
 from ..hardware import HardwareConfig
@@ -94,7 +94,7 @@ class LocalBackend(Backend):
         set_safe_env(env)  # NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1: no NVLink multicast
         log_path = Path(launch.run_dir) / LOG
         with open(log_path, "ab") as log:
-            log.write(f"\n===== attempt {launch.attempt} {time.strftime('%Y-%m-%d %H:%M:%S')} =====\n".encode())
+            log.write(attempt_header(launch.attempt))
         key = (launch.recipe, launch.trial_id)
         fs = self._forkserver()
         if fs is not None:

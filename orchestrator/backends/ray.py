@@ -26,7 +26,7 @@ import threading
 import time
 from pathlib import Path
 
-from dpx.rundir import LOG
+from dpx.rundir import LOG, attempt_header
 
 from ..errors import RecipeError
 from ..hardware import HardwareConfig
@@ -63,8 +63,7 @@ class TrialActor:
         cmd = [sys.executable, *cmd_tail]  # the worker's own python: nodes may install the venv elsewhere
         try:
             with open(Path(run_dir) / LOG, "ab") as log:
-                log.write(f"\n===== attempt {attempt} {time.strftime('%Y-%m-%d %H:%M:%S')} on "
-                          f"{socket.gethostname()} (ray worker pid {os.getpid()}) =====\n".encode())
+                log.write(attempt_header(attempt, f"on {socket.gethostname()} (ray worker pid {os.getpid()})"))
                 log.flush()
                 self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                              env={**os.environ, **env}, cwd=run_dir, start_new_session=True,

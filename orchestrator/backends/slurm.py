@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from dpx.rundir import LOG
+from dpx.rundir import LOG, attempt_header
 
 from ..driver.liveness import driver_alive
 from ..errors import RecipeError, did_you_mean
@@ -64,9 +64,8 @@ class SlurmTrial:
         if "SLURM_ARRAY_TASK_ID" in os.environ:
             job += "_" + os.environ["SLURM_ARRAY_TASK_ID"]
         with open(Path(run_dir) / LOG, "ab") as log:
-            log.write(f"\n===== attempt {attempt} {time.strftime('%Y-%m-%d %H:%M:%S')} on "
-                      f"{os.uname().nodename} (slurm job {job}, restart "
-                      f"{os.environ.get('SLURM_RESTART_COUNT', '0')}) =====\n".encode())
+            log.write(attempt_header(attempt, f"on {os.uname().nodename} (slurm job {job}, restart "
+                                              f"{os.environ.get('SLURM_RESTART_COUNT', '0')})"))
             log.flush()
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env={**os.environ, **env}, cwd=run_dir, preexec_fn=_die_with_parent)

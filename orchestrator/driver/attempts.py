@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from dpx.rundir import CONFIG_JSON, CONFIG_YAML, ERROR, LOG, RESULT, atomic_write_json, read_json
+from dpx.rundir import ATTEMPT_HEADER, CONFIG_JSON, CONFIG_YAML, ERROR, LOG, RESULT, atomic_write_json, read_json
 
 
 def write_run_dir(run_dir: Path, config: dict) -> None:
@@ -28,7 +28,7 @@ def log_tail(run_dir: Path, n: int = 3) -> str:
 def attempt_started(run_dir: Path, attempt: int) -> bool:
     """The backend wrote this attempt's header into log.txt (it does so before it starts the process)."""
     try:
-        return f"===== attempt {attempt} " in (Path(run_dir) / LOG).read_text(errors="replace")
+        return f"{ATTEMPT_HEADER}{attempt} " in (Path(run_dir) / LOG).read_text(errors="replace")
     except OSError:
         return False
 

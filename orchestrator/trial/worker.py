@@ -18,7 +18,7 @@ import socket
 import time
 from pathlib import Path
 
-from dpx.rundir import LOG, WORKER
+from dpx.rundir import ATTEMPT_HEADER, HEADER_TIME, LOG, WORKER
 
 REGISTER_GRACE_S = float(os.environ.get("DPX_REGISTER_GRACE_S", "60"))
 """how long after its attempt header an unregistered attempt counts as still starting"""
@@ -71,12 +71,12 @@ def header_time(run_dir: str | Path, attempt: int) -> float | None:
         text = (Path(run_dir) / LOG).read_text(errors="replace")
     except OSError:
         return None
-    mark = f"===== attempt {attempt} "
+    mark = f"{ATTEMPT_HEADER}{attempt} "
     i = text.rfind(mark)
     if i < 0:
         return None
     try:
-        return time.mktime(time.strptime(text[i + len(mark):i + len(mark) + 19], "%Y-%m-%d %H:%M:%S"))
+        return time.mktime(time.strptime(text[i + len(mark):i + len(mark) + 19], HEADER_TIME))
     except ValueError:
         return None
 
