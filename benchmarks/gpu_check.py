@@ -433,6 +433,8 @@ def main():
     ap.add_argument("--kernels-sha", action="store_true", help="print the kernels' source digest and exit")
     ap.add_argument("--budget-s", type=float, default=0, help="start no case after this many seconds (0: no limit)")
     ap.add_argument("--name", default="gpu_check", help="output file stem")
+    ap.add_argument("--resume", default="", help="an earlier run's JSON or _rows.jsonl: its finished rows are kept "
+                    "(not rerun) and only its not-run cases run, so a check may span several device calls")
     a = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     if a.case:
@@ -477,8 +479,21 @@ def main():
 
     rows = []
     stream = open(out / f"{a.name}_rows.jsonl", "w")  # one line per finished case: a killed run keeps its rows
+    sha = kernels_sha()
+    kept = load_finished(a.resume) if a.resume else {}
+    stale = sorted({r.get("kernels_sha") for r in kept.values()} - {sha})
+    if stale:
+        sys.exit(f"{a.resume}: rows of other kernel code ({', '.join(map(str, stale))}; this tree is {sha}): "
+                 "a resumed check must run the same kernels")
+    ids = {c["id"] for c in cases}
+    rows += [r for i, r in kept.items() if i in ids]
+    for r in rows:
+        stream.write(json.dumps(r, default=str) + "\n")
+    if kept:
+        print(f"resumed {len(rows)} finished rows from {a.resume}; {len(cases) - len(rows)} cases to run", flush=True)
 
     def report(row, n, phase=""):
+        row["kernels_sha"] = sha
         rows.append(row) if not phase else None
         stream.write(json.dumps(row, default=str) + "\n")
         stream.flush()
@@ -491,11 +506,12 @@ def main():
 
     # phase 1, every case, dpx alone: fla's first-call autotuning (minutes, many kernels) must not hold the pool
     with ThreadPoolExecutor(a.jobs) as pool:
-        for fut in as_completed([pool.submit(one, c) for c in cases]):
+        for fut in as_completed([pool.submit(one, c) for c in cases if c["id"] not in kept]):
             report(fut.result(), len(cases))
     # phase 2, the fla anchor (16-bit rows fla runs), on a small pool with a longer limit, if the budget allows
     if not a.no_fla:
-        todo = [r for r in rows if r["fla"] and r["status"] == "pass"]
+        todo = [r for r in rows if r["fla"] and r["status"] == "pass" and not r.get("fla_errors")
+                and not str(r.get("fla_error", "")).startswith(("ImportError", "ModuleNotFound"))]
         done = {}
         with ThreadPoolExecutor(a.fla_jobs) as pool:
             for fut in as_completed([pool.submit(anchor, r) for r in todo]):
@@ -523,6 +539,14 @@ def main():
     (out / f"{a.name}.md").write_text(markdown(summary, rows))
     print(json.dumps(summary))
     sys.exit(0 if summary["pass"] == len(rows) else 1)
+
+
+def load_finished(path) -> dict:
+    """{case id: row} of an earlier run's finished rows (every status but not_run); the last line of an id wins."""
+    text = Path(path).read_text()
+    rows = json.loads(text)["rows"] if text.lstrip().startswith("{\"summary\"") or path.endswith(".json") else \
+        [json.loads(ln) for ln in text.splitlines() if ln.strip()]
+    return {r["id"]: r for r in rows if r.get("status") not in (None, "not_run")}
 
 
 def kernels_sha() -> str:
