@@ -424,7 +424,7 @@ def main():
     ap.add_argument("--case", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=".")
     ap.add_argument("--jobs", type=int, default=6)
-    ap.add_argument("--only", default="", help="run the cases whose id contains this")
+    ap.add_argument("--only", default="", help="run the cases whose id contains this (A|B: either)")
     ap.add_argument("--no-recipes", action="store_true")
     ap.add_argument("--no-fla", action="store_true", help="skip phase 2 (fla's error beside ours on 16-bit rows)")
     ap.add_argument("--fla-jobs", type=int, default=4, help="parallel cases in phase 2")
@@ -448,7 +448,7 @@ def main():
         rc_, notes = recipe_cases()
         cases += rc_
     if a.only:
-        cases = [c for c in cases if a.only in c["id"]]
+        cases = [c for c in cases if any(o in c["id"] for o in a.only.split("|"))]
     if a.list:
         for c in cases:
             print(c["id"])

@@ -179,3 +179,13 @@ def test_positional_order_is_q_k_v_g_beta():
     with pytest.raises(TypeError):
         fused_recurrent_gated_delta_product(f(q), f(k), f(v), f(g), f(beta), 1)
 
+
+
+def test_float32_query_tiles_are_at_least_32_rows():
+    # the H200 check of 2026-12-01 faulted in every float32 case with 16-row query tiles (n_h = 4, 8: dv_local, dh);
+    # 16-bit data keep 16 rows (they passed there), float32 takes the 32 rows it ran with at n_h = 2, 3
+    from dpx.kernels.delta_product.index import chunk_table, query_tile
+    for n, f32, b16 in [(1, 64, 64), (2, 32, 32), (3, 32, 32), (4, 32, 16), (8, 32, 16), (16, 32, 16)]:
+        tab = chunk_table(1, 40, n, "cpu")
+        assert (tab.bt_tile(torch.float32), tab.bt_tile(torch.bfloat16), tab.bt_tile(torch.float16)) == (f32, b16, b16)
+    assert query_tile(5, torch.float32) == 32 and query_tile(5) == 16

@@ -193,7 +193,7 @@ def chunk_dp_bwd_dv_local(q, k, G, do, tab: ChunkTable, scale: float, prec: str)
     V = do.shape[-1]
     dv = k.new_empty(tab.NC, H, BL, V)
     launch(chunk_dp_bwd_kernel_dv_local, (tab.NC, H),
-        q, k, G, do, dv, tab.chunk_bos, tab.chunk_len, scale, H=H, K=K, V=V, NH=tab.n, BT=tab.BT_TILE, BL=BL,
+        q, k, G, do, dv, tab.chunk_bos, tab.chunk_len, scale, H=H, K=K, V=V, NH=tab.n, BT=tab.bt_tile(q.dtype), BL=BL,
         BK=next_pow2(K), BV=min(64, next_pow2(V)), PREC=prec)
     return dv
 
@@ -216,6 +216,6 @@ def chunk_dp_bwd_dqkwg(q, k, v, beta, G, t, h, dh, v_new, dv_new, do, tab: Chunk
     scratch = torch.empty_like(t)
     launch(chunk_dp_bwd_kernel_dqkwg, (tab.NC, H),
         q, k, v, beta, G, t, scratch, h, dh, v_new, dv_new, do, dq, dk, dv, dbeta, dg, tab.chunk_bos, tab.chunk_len, scale,
-        H=H, K=K, V=V, NH=tab.n, BT=tab.BT_TILE, BL=BL, BK=next_pow2(K, DQKWG_MIN_TILE), BV=DQKWG_MIN_TILE,
+        H=H, K=K, V=V, NH=tab.n, BT=tab.bt_tile(q.dtype), BL=BL, BK=next_pow2(K, DQKWG_MIN_TILE), BV=DQKWG_MIN_TILE,
         USE_G=use_g, PREC=prec)
     return dq, dk, dv, dbeta, dg

@@ -144,5 +144,5 @@ def chunk_dp_bwd_dh(q, do, w, kd, gamma, G, dv_loc, dht, tab: ChunkTable, scale:
     dh0 = w.new_empty(tab.N, H, K, V, dtype=torch.float32) if need_dh0 else None
     launch(chunk_dp_bwd_kernel_dh, _grid(V, H, tab.N),
         q, do, w, kd, gamma, G, dv_loc, dht, dh, dv_new, dh0, tab.chunk_bos, tab.chunk_len, tab.seq_chunks, scale,
-        H=H, K=K, V=V, NH=tab.n, BT=tab.BT_TILE, BL=BL, BK=next_pow2(K), PREC=prec)
+        H=H, K=K, V=V, NH=tab.n, BT=tab.bt_tile(q.dtype), BL=BL, BK=next_pow2(K), PREC=prec)
     return dh, dv_new, dh0

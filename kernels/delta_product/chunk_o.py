@@ -54,5 +54,5 @@ def chunk_dp_fwd_o(q, k, G, h, v_new, tab: ChunkTable, scale: float, prec: str):
     o = q.new_empty(NTOK, H, V)
     grid = lambda meta: (triton.cdiv(V, meta["BV"]), tab.NC, H)
     launch(chunk_dp_fwd_kernel_o, grid, q, k, G, h, v_new, o, tab.chunk_bos, tab.chunk_len, scale, H=H, K=K, V=V,
-                                NH=tab.n, BT=tab.BT_TILE, BL=BL, BK=next_pow2(K), PREC=prec)
+                                NH=tab.n, BT=tab.bt_tile(q.dtype), BL=BL, BK=next_pow2(K), PREC=prec)
     return o

@@ -3,7 +3,7 @@
 A chunk holds BT tokens of one sequence (fewer at a sequence's end), i.e. BT*n interleaved Householder steps,
 padded to BL = 64 rows. BT = 64 // n, the most tokens whose steps fit the 64 rows: the tiles stay full (n = 3 takes
 21 tokens, 63 of 64 rows; a power of two would take 16, 48 rows, a third more chunks for the serial walk and the
-per-chunk kernels). The query-side tiles are BT_TILE = next power of two >= max(16, BT) rows, masked to BT.
+per-chunk kernels). The query-side tiles are next power of two >= max(16, BT) rows (32 for float32: query_tile), masked to BT.
 Every kernel (forward and backward) uses the same table, so chunk c means the same rows everywhere.
 """
 from __future__ import annotations
@@ -23,9 +23,14 @@ def tokens_per_chunk(n: int) -> int:
     return BL // n
 
 
-def query_tile(bt: int) -> int:
-    """Rows of the query-side tiles for chunks of bt tokens: a power of two (Triton's tiles), at least 16 (tl.dot)."""
-    t = 16
+def query_tile(bt: int, dtype: torch.dtype | None = None) -> int:
+    """Rows of the query-side tiles for chunks of bt tokens: a power of two (Triton's tiles), at least 16 (tl.dot),
+    and at least 32 for float32 data. The H200 check of 2026-12-01 (Triton 3.6, autotuning on) raised an illegal
+    memory access in every float32 case at n_h = 4 and 8 (16 and 8 tokens a chunk: 16-row query tiles), in
+    chunk_dp_bwd_kernel_dv_local (head dims 32, 85, 128) or chunk_dp_bwd_kernel_dh (64), the two kernels with a tf32
+    dot whose N or reduction dim is the query tile; float32 at n_h = 1, 2, 3 (64- and 32-row tiles) and 16-bit data
+    at 16 rows passed everywhere. 32 rows is the tile float32 n_h = 2, 3 run with; the extra rows are masked."""
+    t = 32 if dtype == torch.float32 else 16
     while t < bt:
         t *= 2
     return t
@@ -42,10 +47,9 @@ class ChunkTable:
     chunk_len: torch.Tensor   # [NC] int32: tokens in each chunk (1..BT)
     seq_chunks: torch.Tensor  # [N+1] int64: chunk offsets of each sequence
 
-    @property
-    def BT_TILE(self) -> int:
-        """Rows of the query-side tiles (power of two >= BT, >= 16); rows past a chunk's tokens are masked."""
-        return query_tile(self.BT)
+    def bt_tile(self, dtype: torch.dtype) -> int:
+        """Rows of the query-side tiles for `dtype` data (query_tile); rows past a chunk's tokens are masked."""
+        return query_tile(self.BT, dtype)
 
 
 def _build(bounds: np.ndarray, n: int, device: torch.device) -> ChunkTable:

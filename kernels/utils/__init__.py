@@ -45,14 +45,16 @@ def launch(kernel, grid, *args, **kwargs):
         at = autotuner(kernel)
         if name in PINS and at is not None and not getattr(at, "dpx_pinned", False):
             at.configs, at.dpx_pinned = [at.configs[PINS[name]]], True
-    kernel[grid](*args, **kwargs)
-    if SYNC:
-        try:
-            torch.cuda.synchronize()
-        except Exception as e:  # the context is lost after a fault: say which kernel, then let it die
-            at = autotuner(kernel)
-            cfg = None if at is None else getattr(at, "best_config", None)
-            raise RuntimeError(f"DPX_KERNEL_FAULT {kernel_name(kernel)} config={cfg}: {e}") from e
+    if not SYNC:
+        kernel[grid](*args, **kwargs)
+        return
+    try:  # the launch itself raises when the fault happens while the autotuner times its configs
+        kernel[grid](*args, **kwargs)
+        torch.cuda.synchronize()
+    except Exception as e:  # the context is lost after a fault: say which kernel, then let it die
+        at = autotuner(kernel)
+        cfg = None if at is None else getattr(at, "best_config", None)
+        raise RuntimeError(f"DPX_KERNEL_FAULT {kernel_name(kernel)} config={cfg}: {e}") from e
 
 
 def next_pow2(x: int, floor: int = 16) -> int:
