@@ -433,6 +433,10 @@ def main():
     ap.add_argument("--kernels-sha", action="store_true", help="print the kernels' source digest and exit")
     ap.add_argument("--budget-s", type=float, default=0, help="start no case after this many seconds (0: no limit)")
     ap.add_argument("--name", default="gpu_check", help="output file stem")
+    ap.add_argument("--rerun", default="", help="with --resume: run these cases again (id substrings, A|B)")
+    ap.add_argument("--keep-other-kernels", action="store_true",
+                    help="with --resume: keep rows run on other kernel code (each row keeps its kernels_sha; the "
+                    "summary counts rows per sha): for a fix that provably leaves those rows' launches unchanged")
     ap.add_argument("--resume", default="", help="an earlier run's JSON or _rows.jsonl: its finished rows are kept "
                     "(not rerun) and only its not-run cases run, so a check may span several device calls")
     a = ap.parse_args()
@@ -481,10 +485,12 @@ def main():
     stream = open(out / f"{a.name}_rows.jsonl", "w")  # one line per finished case: a killed run keeps its rows
     sha = kernels_sha()
     kept = load_finished(a.resume) if a.resume else {}
-    stale = sorted({r.get("kernels_sha") for r in kept.values()} - {sha})
-    if stale:
-        sys.exit(f"{a.resume}: rows of other kernel code ({', '.join(map(str, stale))}; this tree is {sha}): "
-                 "a resumed check must run the same kernels")
+    if a.rerun:
+        kept = {i: r for i, r in kept.items() if not any(o in i for o in a.rerun.split("|"))}
+    stale = sorted({str(r.get("kernels_sha")) for r in kept.values()} - {sha})
+    if stale and not a.keep_other_kernels:
+        sys.exit(f"{a.resume}: rows of other kernel code ({', '.join(stale)}; this tree is {sha}): a resumed check "
+                 "runs the same kernels, or says with --keep-other-kernels that those rows' launches are unchanged")
     ids = {c["id"] for c in cases}
     rows += [r for i, r in kept.items() if i in ids]
     for r in rows:
@@ -533,6 +539,8 @@ def main():
                # the device tool's copy of the tree can carry a stale .git: the kernels' own source digest names
                # the code that ran (compare with `python3 benchmarks/gpu_check.py --kernels-sha` here)
                "kernels_sha": kernels_sha(),
+               "rows_by_kernels_sha": {k: sum(str(r.get("kernels_sha")) == k for r in rows)
+                                       for k in sorted({str(r.get("kernels_sha")) for r in rows})},
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "notes": notes,
                "command": " ".join(["python3", "benchmarks/gpu_check.py"] + sys.argv[1:])}
     (out / f"{a.name}.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1, default=str))
