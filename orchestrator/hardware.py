@@ -68,9 +68,11 @@ class HardwareConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """auto: CUDA when the trial sees a GPU, else CPU"""
     max_parallel: Optional[int] = None
-    """trials at once (local default: CPUs / cpus_per_trial, or the GPU count when gpus_per_trial > 0)"""
+    """trials at once (local default: CPUs / cpus_per_trial, or what the GPUs hold when gpus_per_trial > 0; on
+    the local backend never more than the GPUs hold: a trial never starts without its GPUs)"""
     cpus_per_trial: float = 1
     gpus_per_trial: float = 0
+    """GPUs a trial gets; below 1, trials share a GPU (0.25: four a GPU, local and Ray), 1 or more: whole GPUs"""
     nproc_per_trial: Optional[int] = None
     """processes per trial, training data-parallel under torchrun (DDP; NCCL on GPUs, gloo on CPU); default: one
     per GPU when gpus_per_trial > 1, else 1"""

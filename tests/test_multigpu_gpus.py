@@ -84,6 +84,68 @@ tracking: {{enabled: false}}
     assert overlap(res[0], res[2]) <= 0.5 or overlap(res[1], res[2]) <= 0.5  # never three at once
 
 
+def test_local_max_parallel_above_the_gpus_queues_instead_of_starting_gpu_less_trials(tmp_path):
+    """The table3 gpu_small run of 2026-12-01: max_parallel 3, gpus_per_trial 1, one GPU. Two trials started with an
+    empty CUDA_VISIBLE_DEVICES and failed ("No CUDA GPUs are available"). Now the driver says so and runs one at a
+    time, each on GPU 0."""
+    ws = tmp_path / "ws"
+    recipe = write_recipe(tmp_path / "lq.yaml", f"""
+name: lq
+task: {TASK % 0.5}
+grid: {{task.value: [1, 2, 3]}}
+hardware: {{gpus_per_trial: 1, max_parallel: 3}}
+tracking: {{enabled: false}}
+""")
+    code, out, _ = submit_watching_envs(recipe, ws, {"CUDA_VISIBLE_DEVICES": "0"}, 300)
+    assert code == 0, out
+    res = sorted(results(ws, "lq"), key=lambda r: r["started_at"])
+    assert len(res) == 3 and all(r["status"] == "completed" and r["cuda_visible_devices"] == "0" for r in res), res
+    assert all(overlap(a, b) <= 0 for i, a in enumerate(res) for b in res[i + 1:])  # one at a time
+    log = "".join(p.read_text() for p in (ws / "drivers").glob("*.log"))
+    assert "hardware.max_parallel 3, but 1 GPU(s) at gpus_per_trial 1 hold 1 trial(s) at once" in log, log[-2000:]
+
+
+def test_local_fractional_gpus_share_a_gpu(tmp_path):
+    """gpus_per_trial 0.5 on two (stand-in) GPUs: four trials at once, two on each GPU, never three on one."""
+    ws = tmp_path / "ws"
+    recipe = write_recipe(tmp_path / "lf.yaml", f"""
+name: lf
+task: {TASK % 3}
+grid: {{task.value: [1, 2, 3, 4, 5]}}
+hardware: {{gpus_per_trial: 0.5}}
+tracking: {{enabled: false}}
+""")
+    code, out, _ = submit_watching_envs(recipe, ws, {"CUDA_VISIBLE_DEVICES": "0,1"}, 300)
+    assert code == 0, out
+    res = sorted(results(ws, "lf"), key=lambda r: r["started_at"])
+    assert len(res) == 5 and all(r["status"] == "completed" for r in res)
+    assert sorted(r["cuda_visible_devices"] for r in res[:4]) == ["0", "0", "1", "1"], res
+    for r in res:  # at any trial's start, at most two trials share its GPU
+        t = r["started_at"] + 0.01
+        same = [x for x in res if x["cuda_visible_devices"] == r["cuda_visible_devices"]
+                and x["started_at"] <= t < x["ended_at"]]
+        assert len(same) <= 2, (r, same)
+
+
+def test_gpu_pool_whole_and_fractional_shares():
+    from dpx.orchestrator.backends.local import GpuPool
+    p = GpuPool(["0", "1", "2"], 2)  # two whole GPUs a trial: one trial fits three GPUs
+    assert (p.holds(), p.fits()) == (1, 1)
+    assert p.take() == ["0", "1"] and p.fits() == 0 and p.take() == []
+    p.give_back(["0", "1"])
+    assert p.fits() == 1
+    q = GpuPool(["0", "1"], 0.25)
+    assert q.holds() == 8
+    got = [q.take()[0] for _ in range(8)]
+    assert sorted(got) == ["0"] * 4 + ["1"] * 4 and got[:2] == ["0", "1"]  # spread, then fill
+    assert q.take() == [] and q.fits() == 0
+    q.give_back(["1"])
+    assert q.fits() == 1 and q.take() == ["1"]
+    r = GpuPool(["0", "1"], 1)
+    assert r.claim(["1", "7"]) == ["1"] and r.take() == ["0"] and r.take() == []  # an adopted trial holds GPU 1
+    assert GpuPool(["0"], 0.3).holds() == 3
+
+
 @pytest.mark.slow
 def test_ray_runs_one_trial_per_gpu_with_its_own_cuda_visible_devices(tmp_path):
     """A local Ray instance with 2 stand-in GPUs (num_gpus: 2 on a CPU machine): Ray assigns GPU ids 0 and 1 to

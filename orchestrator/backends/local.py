@@ -40,17 +40,95 @@ def visible_gpus() -> list[str]:
     return []
 
 
+class GpuPool:
+    """Which GPUs the local backend may hand out, and how much of each is taken.
+
+    gpus_per_trial >= 1: a trial takes ceil(gpus_per_trial) whole, unused GPUs. Below 1, trials share a GPU: each
+    takes that fraction of the least loaded GPU it fits on (0.25: four trials a GPU), as Ray counts fractional
+    GPUs. A trial is never started without its GPUs."""
+
+    EPS = 1e-9
+
+    def __init__(self, ids: list[str], per_trial: float):
+        self.ids, self.per = list(ids), float(per_trial)
+        self.used = {g: 0.0 for g in self.ids}
+
+    def _whole(self) -> int:
+        return max(1, math.ceil(self.per))
+
+    def holds(self) -> int:
+        """Trials the pool holds at once when empty."""
+        if self.per <= 0:
+            return 0
+        if self.per < 1:
+            return len(self.ids) * int(1 / self.per + self.EPS)
+        return len(self.ids) // self._whole()
+
+    def fits(self) -> int:
+        """Trials that can start now."""
+        if self.per < 1:
+            return sum(int((1 - u) / self.per + self.EPS) for u in self.used.values())
+        return sum(u <= self.EPS for u in self.used.values()) // self._whole()
+
+    def take(self) -> list[str]:
+        """The GPU ids of one more trial (its CUDA_VISIBLE_DEVICES), or [] when none fits."""
+        if self.per < 1:
+            free = [g for g in self.ids if self.used[g] + self.per <= 1 + self.EPS]
+            if not free:
+                return []
+            g = min(free, key=lambda x: self.used[x])  # spread: the least loaded GPU first
+            self.used[g] += self.per
+            return [g]
+        idle = [g for g in self.ids if self.used[g] <= self.EPS][:self._whole()]
+        if len(idle) < self._whole():
+            return []
+        for g in idle:
+            self.used[g] = 1.0
+        return idle
+
+    def claim(self, ids: list[str]) -> list[str]:
+        """Count an adopted trial's GPUs (read from its environment) as taken; returns those that are ours."""
+        mine = [g for g in ids if g in self.used]
+        for g in mine:
+            self.used[g] = min(1.0, self.used[g] + (self.per if self.per < 1 else 1.0))
+        return mine
+
+    def give_back(self, ids: list[str]) -> None:
+        for g in ids:
+            if g in self.used:
+                self.used[g] = max(0.0, self.used[g] - (self.per if self.per < 1 else 1.0))
+
+
+def _visible_devices_of(pid: int) -> list[str]:
+    """CUDA_VISIBLE_DEVICES of a running process (Linux /proc; [] when unreadable or unset)."""
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return []
+    for item in env:
+        if item.startswith(b"CUDA_VISIBLE_DEVICES="):
+            return [g for g in item.split(b"=", 1)[1].decode().split(",") if g.strip()]
+    return []
+
+
 class LocalBackend(Backend):
     name = "local"
 
     def __init__(self, hardware: HardwareConfig, workspace):
         self.hw = hardware
         self.gpus_per_trial = float(hardware.gpus_per_trial)
-        self.free_gpus = visible_gpus() if self.gpus_per_trial > 0 else []
-        if hardware.max_parallel:
+        self.gpus = GpuPool(visible_gpus() if self.gpus_per_trial > 0 else [], self.gpus_per_trial)
+        if self.gpus_per_trial > 0:
+            held = self.gpus.holds()
+            self.slots = min(int(hardware.max_parallel or held), held)
+            if hardware.max_parallel and hardware.max_parallel > held:
+                # more trials than the GPUs hold would start without a GPU ("No CUDA GPUs are available": the
+                # table3 gpu_small run of 2026-12-01 with max_parallel 3 on one GPU); share GPUs with a fraction
+                print(f"[local] hardware.max_parallel {hardware.max_parallel}, but {len(self.gpus.ids)} GPU(s) at "
+                      f"gpus_per_trial {self.gpus_per_trial:g} hold {held} trial(s) at once: running {held}; set "
+                      f"hardware.gpus_per_trial={1 / hardware.max_parallel:.3g} to share a GPU", flush=True)
+        elif hardware.max_parallel:
             self.slots = int(hardware.max_parallel)
-        elif self.gpus_per_trial > 0:
-            self.slots = max(1, int(len(self.free_gpus) // max(1, math.ceil(self.gpus_per_trial))))
         else:
             self.slots = max(1, int((os.cpu_count() or 1) // float(hardware.cpus_per_trial)))
         self.procs: dict[tuple[str, str], tuple[subprocess.Popen | int, int, list[str], str]] = {}
@@ -73,7 +151,8 @@ class LocalBackend(Backend):
                                   None, "hardware.gpus_per_trial")
 
     def capacity(self) -> int:
-        return self.slots - len(self.procs)
+        room = self.slots - len(self.procs)
+        return min(room, self.gpus.fits()) if self.gpus_per_trial > 0 else room
 
     def running(self) -> int:
         return len(self.procs)
@@ -86,8 +165,9 @@ class LocalBackend(Backend):
                "PYTHONUNBUFFERED": "1"}
         gpus: list[str] = []
         if self.gpus_per_trial > 0:
-            n = max(1, math.ceil(self.gpus_per_trial))
-            gpus, self.free_gpus = self.free_gpus[:n], self.free_gpus[n:]
+            gpus = self.gpus.take()
+            if not gpus:  # capacity() said there was room: a bookkeeping error must not start a GPU-less trial
+                raise RuntimeError(f"local backend: no free GPU share for trial {launch.trial_id}")
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
         threads = HardwareConfig.of(launch.config).threads  # the trial's own section (a handed-over one may differ)
         env.setdefault("OMP_NUM_THREADS", str(threads))
@@ -129,7 +209,8 @@ class LocalBackend(Backend):
             return False
         if not pid_alive(pid):
             return False
-        self.procs[(recipe, trial_id)] = (pid, attempt, [], str(run_dir))
+        gpus = self.gpus.claim(_visible_devices_of(pid)) if self.gpus_per_trial > 0 else []
+        self.procs[(recipe, trial_id)] = (pid, attempt, gpus, str(run_dir))
         return True
 
     def poll(self) -> list[Outcome]:
@@ -154,7 +235,7 @@ class LocalBackend(Backend):
                     continue
             del self.procs[key]
             self.kill_at.pop(key, None)
-            self.free_gpus += gpus
+            self.gpus.give_back(gpus)
             reason = self.cancel_reason.pop(key, "exited")
             done.append(Outcome(key[0], key[1], attempt, code, reason))
         return done
