@@ -492,7 +492,7 @@ def compare(name: str = typer.Argument(..., help="paper table or figure: table2,
     except ValueError as e:
         _fail(f"compare: {e}")
     if fmt != Fmt.table:
-        _print_rows(cmp.columns, cmp.rows, fmt)
+        _print_rows(cmp.keys(), cmp.rows, fmt)  # unique keys: fig5/fig7 repeat "paper" in the table
         return
     keep = [i for i, c in enumerate(cmp.columns) if c != "source"]  # sources: --format csv/json
     t = Table(title=cmp.title)

@@ -77,8 +77,22 @@ class Comparison:
     def text_rows(self) -> list[list[str]]:
         return [[fmt(v) for v in r] for r in self.rows]
 
+    def keys(self) -> list[str]:
+        """Column names for csv/json: unique. A name the table repeats ("paper", "delta" after each "... ours"
+        column of fig5 and fig7) is qualified by the "ours" column before it: "paper: min layers (n_h=1)"."""
+        seen = {c: self.columns.count(c) for c in self.columns}
+        out, stem = [], ""
+        for c in self.columns:
+            if c.endswith(" ours"):
+                stem = c[: -len(" ours")]
+            out.append(f"{c}: {stem}" if seen[c] > 1 and stem else c)
+        for i, c in enumerate(out):  # still repeated (no "ours" column before it): number them
+            if out.count(c) > 1:
+                out[i] = f"{c} ({out[:i + 1].count(c)})"
+        return out
+
     def to_dict(self) -> dict:
-        return {"name": self.name, "title": self.title, "columns": self.columns, "rows": self.rows,
+        return {"name": self.name, "title": self.title, "columns": self.keys(), "rows": self.rows,
                 "notes": self.notes}
 
 

@@ -170,3 +170,17 @@ def test_fig5_smallest_n_h_and_depth_that_fit(tmp_path):
     assert (s3[6], s3[7], s3[8]) == (3, 3, 0)
     assert (s5[2], s5[3]) == ("> 2", 4) and s5[7] == "> 10"
     assert rows["A5"][c.columns.index("status")] == NO_RUN
+    # csv/json keys are unique: the table's two "paper" columns would collapse into one JSON key (the H200 fig5
+    # export of 2026-12-01 lost the n_h column that way)
+    k = c.keys()
+    assert len(set(k)) == len(k) and k[3] == "paper: min n_h (1 layer)" and k[7] == "paper: min layers (n_h=1)", k
+    rec = dict(zip(k, rows["S3"]))
+    assert (rec["paper: min n_h (1 layer)"], rec["paper: min layers (n_h=1)"]) == (2, 3)
+
+
+@pytest.mark.parametrize("name", sorted(KNOWN))
+def test_every_comparison_has_unique_machine_keys(tmp_path, name):
+    db = tmp_path / "r.duckdb"
+    ingest(db, [])
+    c = compare(db, name)
+    assert len(set(c.keys())) == len(c.keys()) == len(c.columns), (name, c.columns)
