@@ -577,7 +577,11 @@ def markdown(summary, rows) -> str:
     lines = [f"GPU acceptance check: {summary['pass']}/{summary['cases']} pass, {summary['fail']} fail, "
              f"{summary['fault']} fault, {summary['error']} error, {summary['timeout']} timeout, "
              f"{summary['not_run']} not run; {summary['device']}, torch {summary['torch']}, "
-             f"Triton {summary['triton']}, commit {summary['commit']}, {summary['date']}, {summary['wall_s']} s", "",
+             f"Triton {summary['triton']}, commit {summary['commit']}, {summary['date']}, {summary['wall_s']} s; "
+             f"kernels_sha {summary.get('kernels_sha')}"
+             + ("" if len(summary.get("rows_by_kernels_sha") or {}) < 2 else
+                " (rows per kernels_sha: " + ", ".join(f"{k} {v}" for k, v in summary["rows_by_kernels_sha"].items())
+                + "; a resumed check: see each row's kernels_sha in the JSON)"), "",
              "| case | status | worst output (rel. err) | fla worst | backward | detail |", "|---|---|---|---|---|---|"]
     for r in rows:
         errs = r.get("errors") or {}
