@@ -36,7 +36,8 @@ def test_backward_launches_fit_hopper_shared_memory(tmp_path, dtype, d, n, path)
         assert x["fits"] and all(c.get("error") is None for c in x["configs"]), x
 
 
-@pytest.mark.parametrize("dtype,dims,n", [("bf16", "32,64,85,128,256", 2), ("fp32", "32,85,128", 3)])
+@pytest.mark.parametrize("dtype,dims,n", [("bf16", "32,64,85,128,256", 2), ("fp32", "32,85,128", 3),
+                                          ("fp32", "64", 4)])  # n_h = 4: float32's 32-row query tiles (16 faulted)
 def test_every_autotune_config_of_every_kernel_compiles_for_sm90(tmp_path, dtype, dims, n):
     # every kernel a forward + backward and a decode step launch, every autotune config it would try, at every head
     # dim of the GPU acceptance check (benchmarks/gpu_check.py): each compiles for sm_90 and fits its shared memory
