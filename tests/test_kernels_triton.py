@@ -137,6 +137,48 @@ def test_chunk_largest_head_dims(dtype, bwd_fp32, path, cu, monkeypatch):
     run_case(1, 20, 1, 256, 256, 2, "rand", dtype, cu=cu)  # ("mixed" gates leave dh0 ~1e-11: fp16 underflows it)
 
 
+# DPX_KERNEL_DQKWG=split: the per-chunk gradients by chunk_bwd_split's two kernels (K-blocked dq/dk_o/dW, then the
+# WY backward) instead of the fused kernel. K = 128 takes two 64-wide K blocks (the gate partials and dk_o summed
+# across programs) and V = 80 two V slices; K = 20, V = 12 run zero-padded to 32, 16.
+@pytest.mark.parametrize("n,gate,T,K,V,dtype,cu", [
+    (1, "rand", 40, 16, 16, torch.float32, None), (1, None, 33, 16, 16, torch.float32, None),
+    (2, "mixed", 37, 16, 16, torch.float32, None), (2, None, 45, 16, 16, torch.float32, None),
+    (3, "rand", 23, 16, 16, torch.float32, None), (3, "mixed", 17, 16, 16, torch.float32, None),
+    (4, "rand", 19, 16, 16, torch.float32, None), (4, None, 9, 16, 16, torch.float32, None),
+    (3, "rand", 23, 128, 80, torch.float32, None), (2, "mixed", 21, 20, 12, torch.float32, None),
+    (2, "mixed", 31, 16, 16, torch.float32, torch.tensor([0, 1, 18, 18, 31])),
+    (3, "rand", 40, 32, 32, torch.float16, None)])
+def test_chunk_split_dqkwg(n, gate, T, K, V, dtype, cu, monkeypatch):
+    from dpx.kernels.delta_product import chunk_bwd_split
+    from dpx.kernels.delta_product.chunk import dqkwg_kernel
+    monkeypatch.setenv("DPX_KERNEL_DQKWG", "split")
+    monkeypatch.setenv("DPX_KERNEL_BWD_FP32", "0")
+    assert dqkwg_kernel() == "split"
+    calls = []
+    split = chunk_bwd_split.chunk_dp_bwd_dqkwg_split
+    monkeypatch.setattr(chunk_bwd_split, "chunk_dp_bwd_dqkwg_split", lambda *a: calls.append(1) or split(*a))
+    run_case(1 if cu is not None else 2, T, 2, K, V, n, gate, dtype, cu=cu)
+    assert calls, "the split kernels did not run"
+
+
+@pytest.mark.parametrize("value", ["fused", ""])
+def test_dqkwg_kernel_default_is_fused(value, monkeypatch):
+    from dpx.kernels.delta_product.chunk import dqkwg_kernel
+    monkeypatch.setenv("DPX_KERNEL_DQKWG", value)
+    assert dqkwg_kernel() == "fused"
+    monkeypatch.delenv("DPX_KERNEL_DQKWG")
+    assert dqkwg_kernel() == "fused"
+
+
+def test_dqkwg_kernel_bad_value_raises(monkeypatch):
+    monkeypatch.setenv("DPX_KERNEL_DQKWG", "Split")
+    q, k, v, beta, g, _ = [x.float().to(DEVICE).requires_grad_() if x is not None else None
+                           for x in make_inputs(1, 5, 1, 16, 16, 2, "rand")]
+    o, _ = chunk_gated_delta_product(q, k, v, g, beta, num_householder=2)
+    with pytest.raises(ValueError, match="DPX_KERNEL_DQKWG: expected fused, split or unset, got 'Split'"):
+        o.sum().backward()
+
+
 @pytest.mark.parametrize("n,gate,l2,cu,K,V", [(1, "rand", False, None, 16, 24), (2, "mixed", True, None, 16, 24),
                                               (3, None, False, torch.tensor([0, 1, 5, 5]), 16, 24),
                                               (4, "zero", True, None, 16, 24), (2, "rand", True, None, 256, 256)])
