@@ -85,10 +85,13 @@ def test_chunk_fp16(n, bwd_fp32, monkeypatch):
 
 
 @pytest.mark.skipif(DEVICE == "cpu", reason="the interpreter has no bfloat16 arithmetic (numpy)")
-@pytest.mark.parametrize("n,gate", [(2, "rand"), (3, "mixed"), (2, "mixed"), (3, "rand")])
-def test_chunk_bf16_real_compiler(n, gate, monkeypatch):
+@pytest.mark.parametrize("n,gate,dqkwg", [(2, "rand", "fused"), (3, "mixed", "fused"), (2, "mixed", "fused"),
+                                          (3, "rand", "fused"), (2, "rand", "split"), (3, "mixed", "split")])
+def test_chunk_bf16_real_compiler(n, gate, dqkwg, monkeypatch):
     # (3, mixed) gave dk/dv/dbeta 2.6-4.4e-2 on the H200 (2026-11-29); (2, mixed) and (3, rand) tell n_h from gates.
+    # split: the opt-in two-kernel per-chunk gradients (DPX_KERNEL_DQKWG=split), not yet run on a GPU
     monkeypatch.setenv("DPX_KERNEL_BWD_FP32", "0")
+    monkeypatch.setenv("DPX_KERNEL_DQKWG", dqkwg)
     # bf16 operands and float32 accumulation in every kernel, forward and backward (what training runs)
     run_case(2, 150, 2, 64, 64, n, gate, torch.bfloat16)
 
@@ -170,10 +173,11 @@ def test_dqkwg_kernel_default_is_fused(value, monkeypatch):
     assert dqkwg_kernel() == "fused"
 
 
-def test_dqkwg_kernel_bad_value_raises(monkeypatch):
+@pytest.mark.parametrize("K", [16, 256])  # the Triton backward, and the PyTorch one (float32 at head dim 256)
+def test_dqkwg_kernel_bad_value_raises(K, monkeypatch):
     monkeypatch.setenv("DPX_KERNEL_DQKWG", "Split")
     q, k, v, beta, g, _ = [x.float().to(DEVICE).requires_grad_() if x is not None else None
-                           for x in make_inputs(1, 5, 1, 16, 16, 2, "rand")]
+                           for x in make_inputs(1, 5, 1, K, 16, 2, "rand")]
     o, _ = chunk_gated_delta_product(q, k, v, g, beta, num_householder=2)
     with pytest.raises(ValueError, match="DPX_KERNEL_DQKWG: expected fused, split or unset, got 'Split'"):
         o.sum().backward()

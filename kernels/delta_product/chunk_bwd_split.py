@@ -4,19 +4,23 @@ The fused kernel keeps five float32 accumulators live across its loop over V and
 the same work in two (fla/ops/common/chunk_o.py chunk_bwd_kernel_dqkwg, then a WY backward, as
 gated_delta_rule/wy_fast.py prepare_wy_repr_bwd_kernel); so does this module, with DeltaProduct's notation
 (chunk_bwd's docstring):
-  chunk_dp_bwd_kernel_dqkw   grid (K blocks x chunks, heads); loops over V for one BK = 64 slice of K:
+  chunk_dp_bwd_kernel_dqkw   grid (chunks x K blocks, heads); loops over V for one BK = 64 slice of K:
                              dq (complete), dk_o = dKd e^{G_L-G} + D^T Q (the output/state part, float32, in a
                              [NC, H, BL, K] buffer), dW = -dv_new S^T (k's dtype: the fused kernel rounds it to that
                              before its two products as well) and the gate gradient's Kd/gamma/P/e^Gq terms, summed
                              per step for this K slice ([NC, H, NK, BL] float32)
   chunk_dp_bwd_kernel_wy     grid (chunks, heads); from dW, dU = dv_new, T, k, v, beta, G: dv, dbeta, dk = dk_o +
                              T^T dW (beta e^G) + (Bm + Bm^T) k, and dg (the A and X terms plus the first kernel's
-                             partials, then the reverse in-chunk cumsum). K is walked in 64-wide slices twice (dT and
-                             K K^T need all of K before dA exists), so only [64, 64] tiles stay live.
+                             partials, then the reverse in-chunk cumsum). K is walked in 64-wide slices twice (dT
+                             needs all of K before dA exists, and dk needs dA), so only [64, 64] tiles stay live.
 The first kernel works in the step-major orientation (dO S^T and dO v_new^T accumulated transposed, dq stored
 through transposed pointers), so it transposes no dot result and needs no scratch; the second transposes
 Bm = dA E beta through a [64, 64] scratch slot per chunk with debug barriers, as the fused kernel does (Triton
 >= 3.4 on Hopper miscompiles tl.trans of a dot result fed to another dot: fla PR #826).
+What the split costs in traffic, per chunk and head: dk_o (float32) and dW written and read back, v_new, dv_new and
+dO read once per K slice (twice at head dim 128), dv_new and k read again by the WY kernel (k twice). What it buys
+(benchmarks/kernel_resources.py, sm_90, bf16, d = 128, n_h = 2, gated): spills of 768 B (4 warps) / 68 B (8 warps)
+and 500 B / 0 B per thread in the two kernels, against the fused kernel's 8.5 KB / 2.6 KB. Not yet run on a GPU.
 Selected by DPX_KERNEL_DQKWG=split (chunk.dqkwg_kernel); the fused kernel stays the default.
 """
 from __future__ import annotations
