@@ -1,6 +1,7 @@
 """GPU acceptance check of the DeltaProduct kernels: every case against a float64 reference, autotuning on.
 
     python3 benchmarks/gpu_check.py --out DIR [--jobs 6] [--only SUBSTR] [--no-recipes] [--no-fla]
+                                    [--env NAME=VALUE ...]   (e.g. --env DPX_KERNEL_DQKWG=split)
 
 Each case runs in its own process (`--case JSON`), so a fault fails one row, not the run. A case runs the Triton
 chunk kernel (forward + backward: o, final state, dq, dk, dv, dbeta, dg, dh0) or the decode kernel (o, state)
@@ -19,6 +20,8 @@ through random, exactly zero, very negative, mixed zero/-30 and none), batch x l
 varlen with a length-1 (and an empty) segment, without initial/final state, the decode kernel; plus every kernel
 shape that a shipped recipe's GPU scales build (training: forward + backward at the micro-batch x training length;
 evaluation: forward at the longest evaluated length), derived by expanding the recipes with dpx itself.
+--env NAME=VALUE (repeatable) sets a variable in every case's process (the kernel switches, DPX_KERNEL_DQKWG=split
+say); the summary and every row record them, and a --resume refuses rows run with other --env values.
 Writes DIR/gpu_check.json (one row per case with its status) and DIR/gpu_check.md (the table); exit 1 if any fail.
 """
 from __future__ import annotations
@@ -248,13 +251,15 @@ def run_case(c) -> dict:
                                                    use_qk_l2norm_in_kernel=True)
         row["errors"] = {"o": _rel(o, o_r), "ht": _rel(S, S_r)}
         return row
-    from dpx.kernels.delta_product.chunk import backward_path, chunk_gated_delta_product
+    from dpx.kernels.delta_product.chunk import backward_path, chunk_gated_delta_product, dqkwg_kernel
     gen = torch.Generator().manual_seed(7)
     B, T, H, V = c["B"], c["T"], c["H"], c["V"]
     N = B if c["cu"] is None else len(c["cu"]) - 1
     do = torch.randn(B, T, H, V, generator=gen, dtype=torch.float64).to(dev).to(dtype)  # dO in the output dtype
     dht = torch.randn(N, H, c["K"], V, generator=gen, dtype=torch.float64).to(dev).float()
     row["backward_path"] = backward_path(dtype, c["n"], c["K"]) if c["bwd"] else None
+    if row["backward_path"] in ("triton", "triton_fp32"):  # which per-chunk gradient kernel(s) ran
+        row["dqkwg_kernel"] = dqkwg_kernel()
     t0 = time.time()
     out = _run_chunk(c, chunk_gated_delta_product, inputs, dtype, do, dht)
     _sync()
@@ -295,9 +300,9 @@ def _sync():
 def _autotuners() -> dict:
     """Every autotuned kernel of the delta family: {kernel name: its triton Autotuner}."""
     from dpx.kernels.utils import autotuner
-    from dpx.kernels.delta_product import chunk_bwd, chunk_h, chunk_o, fused_recurrent, wy_fast
+    from dpx.kernels.delta_product import chunk_bwd, chunk_bwd_split, chunk_h, chunk_o, fused_recurrent, wy_fast
     out = {}
-    for mod in (wy_fast, chunk_h, chunk_o, chunk_bwd, fused_recurrent):
+    for mod in (wy_fast, chunk_h, chunk_o, chunk_bwd, chunk_bwd_split, fused_recurrent):
         for name in dir(mod):
             at = autotuner(getattr(mod, name))
             if at is not None:
@@ -429,6 +434,9 @@ def main():
     ap.add_argument("--no-fla", action="store_true", help="skip phase 2 (fla's error beside ours on 16-bit rows)")
     ap.add_argument("--fla-jobs", type=int, default=4, help="parallel cases in phase 2")
     ap.add_argument("--fla-timeout-s", type=float, default=420, help="limit of one phase-2 case (fla autotunes)")
+    ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                    help="set NAME=VALUE in every case's process (repeatable; recorded in the summary and each row), "
+                    "e.g. DPX_KERNEL_DQKWG=split")
     ap.add_argument("--list", action="store_true", help="print the cases and exit")
     ap.add_argument("--kernels-sha", action="store_true", help="print the kernels' source digest and exit")
     ap.add_argument("--budget-s", type=float, default=0, help="start no case after this many seconds (0: no limit)")
@@ -446,6 +454,11 @@ def main():
     if a.kernels_sha:
         print(kernels_sha())
         return
+    try:
+        env = parse_env(a.env)
+    except ValueError as e:
+        ap.error(str(e))
+    os.environ.update(env)  # every case's process (and its reruns) inherits them
     os.environ.pop("TRITON_CACHE_AUTOTUNING", None)  # every case autotunes dpx's kernels afresh, as a user's run
     cases, notes = matrix_cases(), []
     if not a.no_recipes:
@@ -491,6 +504,10 @@ def main():
     if stale and not a.keep_other_kernels:
         sys.exit(f"{a.resume}: rows of other kernel code ({', '.join(stale)}; this tree is {sha}): a resumed check "
                  "runs the same kernels, or says with --keep-other-kernels that those rows' launches are unchanged")
+    other_env = sorted({_env_key(r.get("env")) for r in kept.values()} - {_env_key(env)})
+    if other_env and not a.keep_other_kernels:
+        sys.exit(f"{a.resume}: rows run with other --env ({'; '.join(other_env)}; this run: {_env_key(env)}): "
+                 "a resumed check runs the same kernel switches, or says so with --keep-other-kernels")
     ids = {c["id"] for c in cases}
     rows += [r for i, r in kept.items() if i in ids]
     for r in rows:
@@ -500,6 +517,7 @@ def main():
 
     def report(row, n, phase=""):
         row["kernels_sha"] = sha
+        row["env"] = env
         rows.append(row) if not phase else None
         stream.write(json.dumps(row, default=str) + "\n")
         stream.flush()
@@ -548,12 +566,29 @@ def main():
                "kernels_sha": kernels_sha(),
                "rows_by_kernels_sha": {k: sum(str(r.get("kernels_sha")) == k for r in rows)
                                        for k in sorted({str(r.get("kernels_sha")) for r in rows})},
+               "env": env, "rows_by_env": {k: sum(_env_key(r.get("env")) == k for r in rows)
+                                           for k in sorted({_env_key(r.get("env")) for r in rows})},
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "notes": notes,
                "command": " ".join(["python3", "benchmarks/gpu_check.py"] + sys.argv[1:])}
     (out / f"{a.name}.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1, default=str))
     (out / f"{a.name}.md").write_text(markdown(summary, rows))
     print(json.dumps(summary))
     sys.exit(0 if summary["pass"] == len(rows) else 1)
+
+
+def parse_env(items) -> dict:
+    """--env NAME=VALUE items -> {NAME: VALUE} (a later NAME wins); a malformed item raises ValueError."""
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name or not name.replace("_", "a").isalnum() or name[0].isdigit():
+            raise ValueError(f"--env: expected NAME=VALUE, got {item!r}")
+        out[name] = value
+    return out
+
+
+def _env_key(env) -> str:
+    return " ".join(f"{k}={v}" for k, v in sorted((env or {}).items())) or "(none)"
 
 
 def load_finished(path) -> dict:
@@ -588,7 +623,8 @@ def markdown(summary, rows) -> str:
              f"kernels_sha {summary.get('kernels_sha')}"
              + ("" if len(summary.get("rows_by_kernels_sha") or {}) < 2 else
                 " (rows per kernels_sha: " + ", ".join(f"{k} {v}" for k, v in summary["rows_by_kernels_sha"].items())
-                + "; a resumed check: see each row's kernels_sha in the JSON)"), "",
+                + "; a resumed check: see each row's kernels_sha in the JSON)")
+             + (f"; --env {_env_key(summary['env'])}" if summary.get("env") else ""), "",
              "| case | status | worst output (rel. err) | fla worst | backward | detail |", "|---|---|---|---|---|---|"]
     for r in rows:
         errs = r.get("errors") or {}

@@ -10,6 +10,8 @@ are what the register-heavy kernels pay in speed.
 
     python benchmarks/kernel_resources.py                       # bf16 and fp32, d 64/128/256, n_h 1/2/3/4/8
     python benchmarks/kernel_resources.py --dtypes bf16 --dims 128 --ns 2 --out table.md
+    python benchmarks/kernel_resources.py --dtypes bf16 --dims 64,128 --ns 2,3 --dqkwg both --kernels dqkw,kernel_wy
+                                                                # the fused per-chunk gradient kernel beside the split
 
 Numbers come from the local Triton (3.7.1 here); the GPU image runs Triton 3.6, whose allocation can differ a little.
 """
@@ -115,9 +117,9 @@ def compile_one(jf: JITFunction, values: dict, config, cc: int, sig_consts: tupl
     return {"shared": c.metadata.shared, **ptxas_report(c.asm["ptx"], cc, f"sm_{cc}a" if cc == 90 else f"sm_{cc}")}
 
 
-def launches(dtype: torch.dtype, d: int, n: int, gated: bool, bwd_fp32: str) -> list:
+def launches(dtype: torch.dtype, d: int, n: int, gated: bool, bwd_fp32: str, dqkwg: str | None = None) -> list:
     """Every Triton kernel launch of one forward + backward of the chunk kernel, and one decode step (a backward
-    that `backward_path` sends to PyTorch launches none)."""
+    that `backward_path` sends to PyTorch launches none). dqkwg: DPX_KERNEL_DQKWG for the backward (None: as set)."""
     from dpx.kernels import chunk_gated_delta_product, fused_recurrent_gated_delta_product
 
     B, T, H = 1, 64, 2
@@ -137,15 +139,17 @@ def launches(dtype: torch.dtype, d: int, n: int, gated: bool, bwd_fp32: str) -> 
             fused_recurrent_gated_delta_product(q[:, :1], k[:, :n], v[:, :n], None if gate is None else gate[:, :1],
                                                 beta[:, :n], num_householder=n, initial_state=h0,
                                                 output_final_state=True)
-    old = os.environ.get("DPX_KERNEL_BWD_FP32")
-    os.environ["DPX_KERNEL_BWD_FP32"] = bwd_fp32
+    want = {"DPX_KERNEL_BWD_FP32": bwd_fp32, **({} if dqkwg is None else {"DPX_KERNEL_DQKWG": dqkwg})}
+    old = {k: os.environ.get(k) for k in want}
+    os.environ.update(want)
     try:
         return capture(step)
     finally:
-        if old is None:
-            os.environ.pop("DPX_KERNEL_BWD_FP32")
-        else:
-            os.environ["DPX_KERNEL_BWD_FP32"] = old
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k)
+            else:
+                os.environ[k] = v
 
 
 def main(argv=None) -> int:
@@ -155,6 +159,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ns", default="1,2,3,4,8")
     ap.add_argument("--gated", type=int, default=1)
     ap.add_argument("--bwd-fp32", default="", help="DPX_KERNEL_BWD_FP32 for the backward launches (0, 1 or '')")
+    ap.add_argument("--dqkwg", choices=("fused", "split", "both"), default=None,
+                    help="DPX_KERNEL_DQKWG for the backward launches (both: each; default: as the environment has it)")
     ap.add_argument("--kernels", default="", help="only kernels whose name contains one of these (comma list)")
     ap.add_argument("--cc", type=int, default=90)
     ap.add_argument("--out", type=Path, help="also write the markdown table here")
@@ -168,7 +174,9 @@ def main(argv=None) -> int:
     for dname in a.dtypes.split(","):
         for d in map(int, a.dims.split(",")):
             for n in map(int, a.ns.split(",")):
-                for jf, values, configs in launches(DTYPES[dname], d, n, bool(a.gated), a.bwd_fp32):
+                modes = ("fused", "split") if a.dqkwg == "both" else (a.dqkwg,)
+                for jf, values, configs in [x for m in modes
+                                            for x in launches(DTYPES[dname], d, n, bool(a.gated), a.bwd_fp32, m)]:
                     if wanted and not any(w in jf.__name__ for w in wanted):
                         continue
                     launch = {"kernel": jf.__name__, "dtype": dname, "d": d, "n_h": n, "configs": []}

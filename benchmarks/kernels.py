@@ -87,8 +87,12 @@ def decode_sweep(q, k, v, g, beta, n, S):
 
 
 def stage_times(B, T, H, K, V, n, gated, dtype, dev):
-    """Each forward and backward kernel timed on its own (ms), to see what limits the total."""
+    """Each forward and backward kernel timed on its own (ms), to see what limits the total. The per-chunk gradients
+    are the kernel(s) DPX_KERNEL_DQKWG selects (as chunk_dp_bwd does): the fused one, or the split pair (timed
+    together and each half alone)."""
+    from dpx.kernels.delta_product.chunk import dqkwg_kernel
     from dpx.kernels.delta_product.chunk_bwd import chunk_dp_bwd_dqkwg, chunk_dp_bwd_dv_local
+    from dpx.kernels.delta_product.chunk_bwd_split import chunk_dp_bwd_dqkw, chunk_dp_bwd_dqkwg_split, chunk_dp_bwd_wy
     from dpx.kernels.delta_product.chunk_h import chunk_dp_bwd_dh, chunk_dp_fwd_h
     from dpx.kernels.delta_product.chunk_o import chunk_dp_fwd_o
     from dpx.kernels.delta_product.index import chunk_table
@@ -103,6 +107,20 @@ def stage_times(B, T, H, K, V, n, gated, dtype, dev):
     h, vn, _ = chunk_dp_fwd_h(w, u, kd, gamma, None, tab, False, dtype, p)
     dvl = chunk_dp_bwd_dv_local(q, k, G, do, tab, sc, p)
     dh, dvn, _ = chunk_dp_bwd_dh(q, do, w, kd, gamma, G, dvl, None, tab, sc, False, p)
+    ug = g is not None
+    if dqkwg_kernel() == "split":
+        _, dko, dw, dgp = chunk_dp_bwd_dqkw(q, k, G, h, dh, vn, dvn, do, tab, sc, ug, p)
+        dqkwg = {
+            "bwd_dqkwg (split: dqkw + wy)": bench(lambda: chunk_dp_bwd_dqkwg_split(q, k, v, beta, G, t, h, dh, vn, dvn,
+                                                                                  do, tab, sc, ug, p)),
+            "bwd_dqkw (split, K-blocked)": bench(lambda: chunk_dp_bwd_dqkw(q, k, G, h, dh, vn, dvn, do, tab, sc, ug,
+                                                                           p)),
+            "bwd_wy (split, WY backward)": bench(lambda: chunk_dp_bwd_wy(k, v, beta, G, t, dw, dvn, dko, dgp, tab, ug,
+                                                                         p)),
+        }
+    else:
+        dqkwg = {"bwd_dqkwg": bench(lambda: chunk_dp_bwd_dqkwg(q, k, v, beta, G, t, h, dh, vn, dvn, do, tab,
+                                                                       sc, ug, p))}
     return {
         "prepare (inv + wu)": bench(lambda: chunk_dp_fwd_prepare(k, v, beta, g, tab, p)),
         "inv (T = (I+A)^-1)": bench(lambda: chunk_dp_fwd_inv(k, beta, g, tab)),
@@ -111,8 +129,7 @@ def stage_times(B, T, H, K, V, n, gated, dtype, dev):
         "fwd_o": bench(lambda: chunk_dp_fwd_o(q, k, G, h, vn, tab, sc, p)),
         "bwd_dv_local": bench(lambda: chunk_dp_bwd_dv_local(q, k, G, do, tab, sc, p)),
         "bwd_dh": bench(lambda: chunk_dp_bwd_dh(q, do, w, kd, gamma, G, dvl, None, tab, sc, False, p)),
-        "bwd_dqkwg": bench(lambda: chunk_dp_bwd_dqkwg(q, k, v, beta, G, t, h, dh, vn, dvn, do, tab, sc,
-                                                      g is not None, p)),
+        **dqkwg,
     }
 
 
@@ -186,7 +203,8 @@ def main():
     say(f"device {torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__} "
         f"fla {'yes' if fla_chunk else 'no: ' + FLA_ERR}")
     say(f"copy bandwidth {bw / 1e12:.2f} TB/s, bf16 matmul {mm / 1e12:.0f} TFLOP/s")
-    say(f"backward: DPX_KERNEL_BWD_FP32={os.environ.get('DPX_KERNEL_BWD_FP32', 'unset (per n_h)')}")
+    say(f"backward: DPX_KERNEL_BWD_FP32={os.environ.get('DPX_KERNEL_BWD_FP32', 'unset (per n_h)')}, "
+        f"DPX_KERNEL_DQKWG={os.environ.get('DPX_KERNEL_DQKWG', 'unset (fused)')}")
 
     # correctness at a moderate shape against the float32 PyTorch chunk path on the same GPU
     for n, gated in [] if args.no_check else [(2, True), (3, False)]:

@@ -80,3 +80,27 @@ def test_verdict_fails_what_it_should():
     assert gpu_check.judge(c, {"errors": {"o": 9e-3}, "fla_errors": {"o": 2e-3}})[0] == "fail"  # > 2x fla
     assert gpu_check.judge(c, {"errors": {"o": 3e-3}, "fla_errors": {"o": 1e-4}})[0] == "pass"  # well inside
     assert gpu_check.judge(c, {"errors": {"o": float("inf")}, "fla_errors": {}})[0] == "fail"  # NaN/inf output
+
+
+def test_env_option_parses_and_reaches_the_cases(tmp_path, monkeypatch):
+    assert gpu_check.parse_env(["DPX_KERNEL_DQKWG=split", "A_B=x=y", "A_B=z"]) == {"DPX_KERNEL_DQKWG": "split",
+                                                                                  "A_B": "z"}
+    for bad in ("NOEQUALS", "=x", "1A=x", "A-B=x"):
+        with pytest.raises(ValueError, match="--env: expected NAME=VALUE"):
+            gpu_check.parse_env([bad])
+    # the driver with one small chunk case and --env: the case's process ran the split kernels, rows and summary say
+    # so (monkeypatch restores the variables the driver sets in this process)
+    c = gpu_check.case(dtype="float32", n=2, K=16, V=16, H=1, B=1, T=25, gate="rand", fla=False)
+    monkeypatch.setattr(gpu_check, "matrix_cases", lambda: [c])
+    monkeypatch.setenv("DPX_KERNEL_DQKWG", "fused")
+    monkeypatch.delenv("DPX_KERNEL_BWD_FP32", raising=False)
+    monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--out", str(tmp_path), "--no-recipes", "--no-fla", "--jobs",
+                                      "1", "--env", "DPX_KERNEL_DQKWG=split"])
+    with pytest.raises(SystemExit) as e:
+        gpu_check.main()
+    out = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert e.value.code == 0, out
+    assert out["summary"]["env"] == {"DPX_KERNEL_DQKWG": "split"} and out["summary"]["pass"] == 1, out["summary"]
+    row = out["rows"][0]
+    assert row["env"] == {"DPX_KERNEL_DQKWG": "split"} and row["dqkwg_kernel"] == "split", row
+    assert "--env DPX_KERNEL_DQKWG=split" in (tmp_path / "gpu_check.md").read_text()

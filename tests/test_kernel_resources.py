@@ -56,3 +56,19 @@ def test_every_autotune_config_of_every_kernel_compiles_for_sm90(tmp_path, dtype
             assert c.get("error") is None, (x["kernel"], x["d"], c)
             # a config over the shared memory limit is skipped by the autotuner; one must fit
         assert x["fits"], x
+
+
+@pytest.mark.parametrize("dtype,dims,n", [("bf16", "32,64,85,128,256", 2), ("fp32", "32,85,128", 3)])
+def test_split_dqkwg_kernels_compile_for_sm90(tmp_path, dtype, dims, n):
+    # DPX_KERNEL_DQKWG=split (opt-in): both kernels of chunk_bwd_split, every autotune config, at the GPU check's
+    # head dims: each compiles for sm_90 and fits its shared memory
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "DPX_KERNEL_BWD_FP32")}
+    r = subprocess.run([sys.executable, str(SCRIPT), "--dtypes", dtype, "--dims", dims, "--ns", str(n), "--dqkwg",
+                        "split", "--kernels", "dqkw,kernel_wy", "--json", str(tmp_path / "r.json")],
+                       capture_output=True, text=True, env=env, timeout=1800)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    launches = json.loads((tmp_path / "r.json").read_text())["launches"]
+    assert {x["kernel"] for x in launches} == {"chunk_dp_bwd_kernel_dqkw", "chunk_dp_bwd_kernel_wy"}
+    assert {x["d"] for x in launches} == {int(d) for d in dims.split(",")}
+    for x in launches:
+        assert x["fits"] and all(c.get("error") is None for c in x["configs"]), x

@@ -23,7 +23,9 @@ DEVICE = "cuda" if os.environ.get("DPX_TEST_CUDA") else "cpu"
 
 def kernel_stages(q, k, v, beta, g, h0, do, dht, n, scale):
     """The kernels' intermediates for flattened-able [B,T,H,*] inputs (16-bit q/k/v/do, float32 beta/g/h0/dht)."""
+    from dpx.kernels.delta_product.chunk import dqkwg_kernel
     from dpx.kernels.delta_product.chunk_bwd import chunk_dp_bwd_dqkwg, chunk_dp_bwd_dv_local
+    from dpx.kernels.delta_product.chunk_bwd_split import chunk_dp_bwd_dqkwg_split
     from dpx.kernels.delta_product.chunk_h import chunk_dp_bwd_dh, chunk_dp_fwd_h
     from dpx.kernels.delta_product.wy_fast import chunk_dp_fwd_prepare
     B, T, H, K = q.shape
@@ -39,8 +41,9 @@ def kernel_stages(q, k, v, beta, g, h0, do, dht, n, scale):
     out = dict(w=w, u=u, kd=kd, t=t, h=h, v_new=v_new, dv_loc=dv_loc, dh=dh, dv_new=dv_new)
     # the per-chunk gradient kernel last (it reuses t's slot as scratch, so t is copied first)
     out["t"] = t.clone()
-    dq, dk, dv, dbeta, _ = chunk_dp_bwd_dqkwg(q_, k_, v_, f(beta, -1, H), G, t, h, dh, v_new, dv_new, do_, tab, scale,
-                                              g is not None, prec)
+    dqkwg = chunk_dp_bwd_dqkwg_split if dqkwg_kernel() == "split" else chunk_dp_bwd_dqkwg  # DPX_KERNEL_DQKWG
+    dq, dk, dv, dbeta, _ = dqkwg(q_, k_, v_, f(beta, -1, H), G, t, h, dh, v_new, dv_new, do_, tab, scale,
+                                 g is not None, prec)
     out.update(dq=dq.view(q.shape), dk=dk.view(k.shape), dv=dv.view(v.shape), dbeta=dbeta.view(beta.shape))
     return tab.NC, out
 
@@ -67,13 +70,15 @@ def stage_errors(B, T, H, K, V, n, gate, dtype, scale=0.7):
         out = kern[name].double().cpu()
         assert torch.isfinite(out).all(), f"{name}: non-finite values"
         errs[name] = float((out - ref).norm() / ref.norm())
-    print(f"\n{dtype} n_h={n} gate={gate}: " + ", ".join(f"{k} {v:.1e}" for k, v in errs.items()))
+    print(f"\n{dtype} n_h={n} gate={gate} dqkwg={os.environ.get('DPX_KERNEL_DQKWG') or 'fused'}: "
+          + ", ".join(f"{k} {v:.1e}" for k, v in errs.items()))
     return errs
 
 
 @pytest.mark.skipif(DEVICE == "cuda", reason="fp16 stage check runs in the interpreter; the GPU runs bf16 below")
-@pytest.mark.parametrize("n,gate", [(3, "mixed"), (2, "rand")])
-def test_stages_fp16_interpreter(n, gate):
+@pytest.mark.parametrize("n,gate,dqkwg", [(3, "mixed", "fused"), (2, "rand", "fused"), (3, "mixed", "split")])
+def test_stages_fp16_interpreter(n, gate, dqkwg, monkeypatch):
+    monkeypatch.setenv("DPX_KERNEL_DQKWG", dqkwg)  # split: chunk_bwd_split's two kernels for dq, dk, dv, dbeta
     errs = stage_errors(1, 40, 2, 32, 32, n, gate, torch.float16)
     bad = {k: v for k, v in errs.items() if not v < 5e-4}  # measured here: 0 to 1.3e-5 (a few rounding flips)
     assert not bad, bad

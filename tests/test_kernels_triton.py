@@ -85,10 +85,13 @@ def test_chunk_fp16(n, bwd_fp32, monkeypatch):
 
 
 @pytest.mark.skipif(DEVICE == "cpu", reason="the interpreter has no bfloat16 arithmetic (numpy)")
-@pytest.mark.parametrize("n,gate", [(2, "rand"), (3, "mixed"), (2, "mixed"), (3, "rand")])
-def test_chunk_bf16_real_compiler(n, gate, monkeypatch):
+@pytest.mark.parametrize("n,gate,dqkwg", [(2, "rand", "fused"), (3, "mixed", "fused"), (2, "mixed", "fused"),
+                                          (3, "rand", "fused"), (2, "rand", "split"), (3, "mixed", "split")])
+def test_chunk_bf16_real_compiler(n, gate, dqkwg, monkeypatch):
     # (3, mixed) gave dk/dv/dbeta 2.6-4.4e-2 on the H200 (2026-11-29); (2, mixed) and (3, rand) tell n_h from gates.
+    # split: the opt-in two-kernel per-chunk gradients (DPX_KERNEL_DQKWG=split), not yet run on a GPU
     monkeypatch.setenv("DPX_KERNEL_BWD_FP32", "0")
+    monkeypatch.setenv("DPX_KERNEL_DQKWG", dqkwg)
     # bf16 operands and float32 accumulation in every kernel, forward and backward (what training runs)
     run_case(2, 150, 2, 64, 64, n, gate, torch.bfloat16)
 
@@ -135,6 +138,49 @@ def test_chunk_largest_head_dims(dtype, bwd_fp32, path, cu, monkeypatch):
     monkeypatch.setenv("DPX_KERNEL_BWD_FP32", bwd_fp32)
     assert backward_path(dtype, 2, 256) == path
     run_case(1, 20, 1, 256, 256, 2, "rand", dtype, cu=cu)  # ("mixed" gates leave dh0 ~1e-11: fp16 underflows it)
+
+
+# DPX_KERNEL_DQKWG=split: the per-chunk gradients by chunk_bwd_split's two kernels (K-blocked dq/dk_o/dW, then the
+# WY backward) instead of the fused kernel. K = 128 takes two 64-wide K blocks (the gate partials and dk_o summed
+# across programs) and V = 80 two V slices; K = 20, V = 12 run zero-padded to 32, 16.
+@pytest.mark.parametrize("n,gate,T,K,V,dtype,cu", [
+    (1, "rand", 40, 16, 16, torch.float32, None), (1, None, 33, 16, 16, torch.float32, None),
+    (2, "mixed", 37, 16, 16, torch.float32, None), (2, None, 45, 16, 16, torch.float32, None),
+    (3, "rand", 23, 16, 16, torch.float32, None), (3, "mixed", 17, 16, 16, torch.float32, None),
+    (4, "rand", 19, 16, 16, torch.float32, None), (4, None, 9, 16, 16, torch.float32, None),
+    (3, "rand", 23, 128, 80, torch.float32, None), (2, "mixed", 21, 20, 12, torch.float32, None),
+    (2, "mixed", 31, 16, 16, torch.float32, torch.tensor([0, 1, 18, 18, 31])),
+    (3, "rand", 40, 32, 32, torch.float16, None)])
+def test_chunk_split_dqkwg(n, gate, T, K, V, dtype, cu, monkeypatch):
+    from dpx.kernels.delta_product import chunk_bwd_split
+    from dpx.kernels.delta_product.chunk import dqkwg_kernel
+    monkeypatch.setenv("DPX_KERNEL_DQKWG", "split")
+    monkeypatch.setenv("DPX_KERNEL_BWD_FP32", "0")
+    assert dqkwg_kernel() == "split"
+    calls = []
+    split = chunk_bwd_split.chunk_dp_bwd_dqkwg_split
+    monkeypatch.setattr(chunk_bwd_split, "chunk_dp_bwd_dqkwg_split", lambda *a: calls.append(1) or split(*a))
+    run_case(1 if cu is not None else 2, T, 2, K, V, n, gate, dtype, cu=cu)
+    assert calls, "the split kernels did not run"
+
+
+@pytest.mark.parametrize("value", ["fused", ""])
+def test_dqkwg_kernel_default_is_fused(value, monkeypatch):
+    from dpx.kernels.delta_product.chunk import dqkwg_kernel
+    monkeypatch.setenv("DPX_KERNEL_DQKWG", value)
+    assert dqkwg_kernel() == "fused"
+    monkeypatch.delenv("DPX_KERNEL_DQKWG")
+    assert dqkwg_kernel() == "fused"
+
+
+@pytest.mark.parametrize("K", [16, 256])  # the Triton backward, and the PyTorch one (float32 at head dim 256)
+def test_dqkwg_kernel_bad_value_raises(K, monkeypatch):
+    monkeypatch.setenv("DPX_KERNEL_DQKWG", "Split")
+    q, k, v, beta, g, _ = [x.float().to(DEVICE).requires_grad_() if x is not None else None
+                           for x in make_inputs(1, 5, 1, K, 16, 2, "rand")]
+    o, _ = chunk_gated_delta_product(q, k, v, g, beta, num_householder=2)
+    with pytest.raises(ValueError, match="DPX_KERNEL_DQKWG: expected fused, split or unset, got 'Split'"):
+        o.sum().backward()
 
 
 @pytest.mark.parametrize("n,gate,l2,cu,K,V", [(1, "rand", False, None, 16, 24), (2, "mixed", True, None, 16, 24),

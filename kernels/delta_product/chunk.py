@@ -10,6 +10,8 @@ Backward (fla's split, specialised to DeltaProduct: only T query rows, gates onc
   chunk_bwd.chunk_dp_bwd_dv_local     per chunk: dv_loc = scale P^T dO
   chunk_h.chunk_dp_bwd_kernel_dh      serial, reverse: dh (state gradient after each chunk), dv_new, dh0
   chunk_bwd.chunk_dp_bwd_dqkwg        per chunk: dq, dk, dv, dbeta, dg (W/U/Kd/P/T gradients stay in registers)
+                                      DPX_KERNEL_DQKWG=split runs chunk_bwd_split's two kernels instead (opt-in:
+                                      K-blocked dq/dk/dW, then the WY backward; same outputs; dqkwg_kernel)
 16-bit inputs: 16-bit operands and float32 accumulation throughout (as fla), forward and backward, at every n_h.
 DPX_KERNEL_BWD_FP32=1 runs the backward of 16-bit inputs on float32 copies instead (float32 traffic, tf32x3 dots;
 slower, kept as a switch for debugging); unset or 0, the 16-bit backward runs. The GPU acceptance check
@@ -56,9 +58,24 @@ def chunk_dp_bwd(q, k, v, g, beta, h0, do, dht, tab, scale, wy=None):
     h, v_new, _ = chunk_dp_fwd_h(w, u, kd, gamma, h0, tab, False, q.dtype, prec)
     dv_loc = chunk_dp_bwd_dv_local(q, k, G, do, tab, scale, prec)
     dh, dv_new, dh0 = chunk_dp_bwd_dh(q, do, w, kd, gamma, G, dv_loc, dht, tab, scale, h0 is not None, prec)
-    dq, dk, dv, dbeta, dg = chunk_dp_bwd_dqkwg(q, k, v, beta, G, t, h, dh, v_new, dv_new, do, tab, scale,
-                                               g is not None, prec)
+    dqkwg = chunk_dp_bwd_dqkwg
+    if dqkwg_kernel() == "split":
+        from .chunk_bwd_split import chunk_dp_bwd_dqkwg_split as dqkwg
+    dq, dk, dv, dbeta, dg = dqkwg(q, k, v, beta, G, t, h, dh, v_new, dv_new, do, tab, scale, g is not None, prec)
     return dq, dk, dv, dg, dbeta, dh0
+
+
+DQKWG_KERNELS = ("fused", "split")
+
+
+def dqkwg_kernel() -> str:
+    """Which per-chunk gradient kernel the backward runs, read at each call from DPX_KERNEL_DQKWG: "fused" (unset
+    or "fused": chunk_bwd.chunk_dp_bwd_kernel_dqkwg, the default, verified on the H200) or "split" (the two kernels
+    of chunk_bwd_split, fla's K-blocked + WY-backward split; opt-in)."""
+    flag = os.environ.get("DPX_KERNEL_DQKWG", "")
+    if flag not in ("",) + DQKWG_KERNELS:
+        raise ValueError(f"DPX_KERNEL_DQKWG: expected fused, split or unset, got {flag!r}")
+    return flag or "fused"
 
 
 FP32_BWD_MAX_K = 128  # widest head dim whose float32 backward tiles fit Hopper's shared memory (see the docstring)
@@ -129,6 +146,7 @@ class ChunkGatedDeltaProductFunction(torch.autograd.Function):
         B, T, H, K = q.shape
         V = v.shape[-1]
         path = backward_path(q.dtype, ctx.tab.n, K)
+        dqkwg_kernel()  # a bad DPX_KERNEL_DQKWG raises on every path, the PyTorch one included
         if path == "torch_fp32":
             return _torch_backward(ctx, do, dht)
         flat = lambda x, *s: None if x is None else x.reshape(*s)

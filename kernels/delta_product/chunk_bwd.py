@@ -9,6 +9,7 @@ Kernels:
   dqkwg     per chunk, after the serial walk (which gives dh = dS_next and dv_new): dq, dk, dv, dbeta, dg,
             with W/U/Kd/gamma/P/T gradients kept in registers (a [64, 64] scratch slot per chunk transposes
             two of them: see the Hopper note in the kernel)
+chunk_bwd_split.py computes dqkwg's outputs with two kernels instead (fla's split; DPX_KERNEL_DQKWG=split, opt-in).
 Every e^{...} is of a difference G_i - G_j <= 0 (or of G <= 0), so zero and very negative gates are safe.
 """
 from __future__ import annotations
