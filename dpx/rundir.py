@@ -9,7 +9,8 @@ included, which imports no other dpx package). A run dir (`.dpx/runs/<recipe>/<t
     metrics.jsonl              {"key", "value", "step", "time", "kind"} a line     the task (RunContext)
     result.json                {"trial_id", "status": "completed", "metrics", …}   the runner (atomic)
     error.json                 {"trial_id", "status": "failed", "error", …}        the runner (atomic)
-    worker.json                {"attempt", "pid", "pgid", "host", "proc_start"}   the runner, before task code
+    worker.json                {"attempt", "pid", "pgid", "host", "proc_start",   the runner, before task code
+                                "cuda_visible_devices"}
     progress.json              {"fraction", "message", "time"}                    the task (RunContext)
     log.txt, attempts/<n>/     stdout+stderr of the trial (per attempt)           the backend
     checkpoints/, figures/     resumable state (last.pt), plots (*.png)           the task

@@ -127,6 +127,23 @@ tracking: {{enabled: false}}
         assert len(same) <= 2, (r, same)
 
 
+def test_local_adopted_trial_keeps_the_gpu_its_worker_recorded(tmp_path, monkeypatch):
+    """A new driver adopting a running attempt counts the GPU that attempt's worker.json names as taken (a forked
+    trial's /proc environ would show the fork server's), so the next trial gets the other GPU."""
+    from dpx.orchestrator.backends.local import LocalBackend
+    from dpx.orchestrator.hardware import HardwareConfig
+    from dpx.orchestrator.trial.worker import register, registered
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    register(tmp_path, 3)  # this process stands in for the running trial, on GPU 1
+    assert registered(tmp_path, 3)["cuda_visible_devices"] == "1"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    monkeypatch.setenv("DPX_FORKSERVER", "0")
+    be = LocalBackend(HardwareConfig(gpus_per_trial=1), tmp_path)
+    assert be.capacity() == 2
+    assert be.adopt("r", "t", str(os.getpid()), tmp_path, 3)
+    assert be.capacity() == 1 and be.gpus.take() == ["0"]
+
+
 def test_gpu_pool_whole_and_fractional_shares():
     from dpx.orchestrator.backends.local import GpuPool
     p = GpuPool(["0", "1", "2"], 2)  # two whole GPUs a trial: one trial fits three GPUs

@@ -23,7 +23,7 @@ from dpx.rundir import LOG, attempt_header
 from ..errors import RecipeError
 from ..hardware import HardwareConfig
 from ..trial.ranks import set_safe_env
-from ..trial.worker import pid_alive
+from ..trial.worker import pid_alive, registered
 from .base import Backend, Launch, Outcome
 
 
@@ -87,7 +87,7 @@ class GpuPool:
         return idle
 
     def claim(self, ids: list[str]) -> list[str]:
-        """Count an adopted trial's GPUs (read from its environment) as taken; returns those that are ours."""
+        """Count an adopted trial's GPUs (from its worker.json) as taken; returns those that are ours."""
         mine = [g for g in ids if g in self.used]
         for g in mine:
             self.used[g] = min(1.0, self.used[g] + (self.per if self.per < 1 else 1.0))
@@ -97,18 +97,6 @@ class GpuPool:
         for g in ids:
             if g in self.used:
                 self.used[g] = max(0.0, self.used[g] - (self.per if self.per < 1 else 1.0))
-
-
-def _visible_devices_of(pid: int) -> list[str]:
-    """CUDA_VISIBLE_DEVICES of a running process (Linux /proc; [] when unreadable or unset)."""
-    try:
-        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return []
-    for item in env:
-        if item.startswith(b"CUDA_VISIBLE_DEVICES="):
-            return [g for g in item.split(b"=", 1)[1].decode().split(",") if g.strip()]
-    return []
 
 
 class LocalBackend(Backend):
@@ -209,7 +197,9 @@ class LocalBackend(Backend):
             return False
         if not pid_alive(pid):
             return False
-        gpus = self.gpus.claim(_visible_devices_of(pid)) if self.gpus_per_trial > 0 else []
+        info = registered(run_dir, attempt) or {}  # the worker's own record of the GPUs it was given
+        ids = [g for g in (info.get("cuda_visible_devices") or "").split(",") if g.strip()]
+        gpus = self.gpus.claim(ids) if self.gpus_per_trial > 0 else []
         self.procs[(recipe, trial_id)] = (pid, attempt, gpus, str(run_dir))
         return True
 

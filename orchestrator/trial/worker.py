@@ -37,7 +37,10 @@ def proc_start(pid: int) -> int | None:
 def register(run_dir: str | Path, attempt: int) -> None:
     pid = os.getpid()
     info = {"attempt": attempt, "pid": pid, "pgid": os.getpgid(pid), "host": socket.gethostname(),
-            "proc_start": proc_start(pid), "time": time.time()}
+            "proc_start": proc_start(pid), "time": time.time(),
+            # the GPUs it was given: a driver that adopts the attempt counts them as taken (a forked trial's
+            # /proc/PID/environ still shows the fork server's environment, so it is read from here)
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
     tmp = Path(run_dir) / f".{WORKER}.{pid}"
     try:
         tmp.write_text(json.dumps(info))
