@@ -563,11 +563,9 @@ def main():
                "commit": _git("rev-parse", "--short", "HEAD"), "dirty": bool(_git("status", "--porcelain")),
                # the device tool's copy of the tree can carry a stale .git: the kernels' own source digest names
                # the code that ran (compare with `python3 benchmarks/gpu_check.py --kernels-sha` here)
-               "kernels_sha": kernels_sha(),
-               "rows_by_kernels_sha": {k: sum(str(r.get("kernels_sha")) == k for r in rows)
-                                       for k in sorted({str(r.get("kernels_sha")) for r in rows})},
-               "env": env, "rows_by_env": {k: sum(_env_key(r.get("env")) == k for r in rows)
-                                           for k in sorted({_env_key(r.get("env")) for r in rows})},
+               "kernels_sha": sha,
+               "rows_by_kernels_sha": _count(rows, lambda r: str(r.get("kernels_sha"))),
+               "env": env, "rows_by_env": _count(rows, lambda r: _env_key(r.get("env"))),
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "notes": notes,
                "command": " ".join(["python3", "benchmarks/gpu_check.py"] + sys.argv[1:])}
     (out / f"{a.name}.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1, default=str))
@@ -585,6 +583,12 @@ def parse_env(items) -> dict:
             raise ValueError(f"--env: expected NAME=VALUE, got {item!r}")
         out[name] = value
     return out
+
+
+def _count(rows, key) -> dict:
+    """{key(row): how many rows} in key order (rows per kernels_sha, per --env)."""
+    keys = [key(r) for r in rows]
+    return {k: keys.count(k) for k in sorted(set(keys))}
 
 
 def _env_key(env) -> str:
