@@ -133,6 +133,44 @@ def stage_times(B, T, H, K, V, n, gated, dtype, dev):
     }
 
 
+def fla_stage_times(B, T, H, K, V, n, gated, dtype, dev):
+    """fla's forward kernels, each alone (ms), on the same inputs as ours: where its forward is faster than ours.
+    fla runs DeltaProduct as the delta rule over the T*n interleaved steps (kkt, solve_tril, recompute_w_u on
+    64-step chunks), then its DeltaProduct state and output kernels."""
+    from fla.ops.common.chunk_scaled_dot_kkt import chunk_scaled_dot_kkt_fwd
+    from fla.ops.delta_rule.wy_fast import recompute_w_u_fwd as dn_wu
+    from fla.ops.gated_delta_product.chunk_deltaproduct_h import chunk_gated_delta_product_fwd_h
+    from fla.ops.gated_delta_product.chunk_deltaproduct_o import chunk_gated_delta_product_fwd_o
+    from fla.ops.gated_delta_rule.wy_fast import recompute_w_u_fwd as gdn_wu
+    from fla.ops.utils import chunk_local_cumsum, solve_tril
+    from fla.ops.utils.constant import RCP_LN2
+    q, k, v, g, beta = inputs(B, T, H, K, V, n, gated, dtype, dev)
+    out = {}
+    gi = None
+    if gated:
+        g_il = g.new_zeros(B, T, n, H)
+        g_il[:, :, 0] = g
+        g_il = g_il.flatten(1, 2).contiguous()
+        cs = lambda: (chunk_local_cumsum(g, chunk_size=64, scale=RCP_LN2, output_dtype=torch.float32),
+                      chunk_local_cumsum(g_il, chunk_size=64, scale=RCP_LN2, output_dtype=torch.float32))
+        g, gi = cs()
+        out["cumsum"] = bench(cs)
+    A = chunk_scaled_dot_kkt_fwd(k=k, g=gi, beta=beta, output_dtype=torch.float32)
+    out["kkt"] = bench(lambda: chunk_scaled_dot_kkt_fwd(k=k, g=gi, beta=beta, output_dtype=torch.float32))
+    Ai = solve_tril(A=A, output_dtype=k.dtype)
+    out["solve_tril"] = bench(lambda: solve_tril(A=A, output_dtype=k.dtype))
+    wu = (lambda: gdn_wu(k=k, v=v, beta=beta, A=Ai, g=gi)) if gated else (lambda: dn_wu(k=k, v=v, beta=beta, A=Ai, cu_seqlens=None))
+    w, u = wu()
+    out["recompute_w_u"] = bench(wu)
+    fh = lambda: chunk_gated_delta_product_fwd_h(k=k, w=w, u=u, g=gi, initial_state=None, output_final_state=False,
+                                                 num_householder=n)
+    h, v_new, _ = fh()
+    out["fwd_h"] = bench(fh)
+    out["fwd_o"] = bench(lambda: chunk_gated_delta_product_fwd_o(q=q, k=k, v=v_new, h=h, g=g, scale=K ** -0.5,
+                                                                 num_householder=n))
+    return out
+
+
 def measured_rates(dev):
     x = torch.empty(1 << 29, dtype=torch.bfloat16, device=dev)  # 1 GiB
     t_copy = bench(lambda: x.clone())
@@ -182,6 +220,10 @@ def main():
     ap.add_argument("--no-check", action="store_true", help="skip the bf16-vs-fp32 correctness check")
     ap.add_argument("--fla-bwd", action="store_true", help="also time fla's forward+backward")
     ap.add_argument("--stages", action="store_true", help="time each forward/backward kernel alone (--bwd-ns)")
+    ap.add_argument("--fla-stages", action="store_true", help="time fla's forward kernels alone (--fla-ns)")
+    ap.add_argument("--dqkwg", default="",
+                    help="comma list of DPX_KERNEL_DQKWG values (fused,split): stages and forward+backward rows are "
+                         "timed under each, in this one process (default: the environment's)")
     ap.add_argument("--decode-sweep", action="store_true", help="time the decode kernel at every (BV, warps)")
     ap.add_argument("--no-decode", action="store_true", help="skip the decode timings")
     ap.add_argument("--bwd-fp32", choices=("0", "1", "default"), default="0",
@@ -257,11 +299,31 @@ def main():
             + ("" if best is None else "; graph us by config: " +
                ", ".join(f"{c}: {x * 1e3:.1f}" for c, x in sorted(best.items(), key=lambda kv: kv[1]))))
 
+    dqkwgs = [x for x in args.dqkwg.split(",") if x] or [None]
+
+    def with_dqkwg(choice, fn):
+        old = os.environ.get("DPX_KERNEL_DQKWG")
+        if choice is not None:
+            os.environ["DPX_KERNEL_DQKWG"] = choice
+        try:
+            return fn()
+        finally:
+            if choice is not None:
+                os.environ.pop("DPX_KERNEL_DQKWG", None)
+                if old is not None:
+                    os.environ["DPX_KERNEL_DQKWG"] = old
+
+    stages = []
     if args.stages:
         for n in parse(args.bwd_ns):
             for gated in (False, True):
-                say(f"stages n={n} gated={gated} (ms): " + ", ".join(
-                    f"{kk} {vv:.3f}" for kk, vv in stage_times(B, T, H, K, V, n, gated, dtype, dev).items()))
+                for choice in dqkwgs:
+                    st = with_dqkwg(choice, lambda: stage_times(B, T, H, K, V, n, gated, dtype, dev))
+                    stages.append(dict(who="dpx", n=n, gated=gated, dqkwg=choice or "env", ms=st))
+                    with open(os.path.join(args.out, "kernels_stages.jsonl"), "a") as f:
+                        f.write(json.dumps(stages[-1]) + "\n")
+                    say(f"stages n={n} gated={gated} dqkwg={choice or 'env'} (ms): " + ", ".join(
+                        f"{kk} {vv:.3f}" for kk, vv in st.items()))
 
     for n in parse(args.ns):
         for gated in (False, True):
@@ -283,7 +345,11 @@ def main():
                 o, _ = chunk_gated_delta_product(*xg, n)
                 o.backward(do)
             if n in parse(args.bwd_ns):
-                row["ours_fwdbwd"] = bench(fb_ours, warmup=5, rep=50)
+                for choice in dqkwgs:
+                    t_fb = with_dqkwg(choice, lambda: bench(fb_ours, warmup=5, rep=50))
+                    row["ours_fwdbwd" if choice is None else f"ours_fwdbwd_{choice}"] = t_fb
+                if "ours_fwdbwd" not in row:  # the library's default choice, named as the table's column
+                    row["ours_fwdbwd"] = row.get("ours_fwdbwd_fused", row.get(f"ours_fwdbwd_{dqkwgs[0]}"))
             if fla_chunk is not None and args.fla_bwd and n in parse(args.fla_ns):
                 def fb_fla():
                     o, _ = fla_chunk(*xg, n)
@@ -299,8 +365,21 @@ def main():
             del xs, xg
             torch.cuda.empty_cache()
 
+    if args.fla_stages and fla_chunk is not None:
+        for n in parse(args.fla_ns):
+            for gated in (False, True):
+                try:
+                    st = fla_stage_times(B, T, H, K, V, n, gated, dtype, dev)
+                except Exception as e:  # noqa: BLE001
+                    st = {"error": f"{type(e).__name__}: {str(e)[:120]}"}
+                stages.append(dict(who="fla", n=n, gated=gated, ms=st))
+                with open(os.path.join(args.out, "kernels_stages.jsonl"), "a") as f:
+                    f.write(json.dumps(stages[-1]) + "\n")
+                say(f"fla stages n={n} gated={gated} (ms): " + ", ".join(
+                    f"{kk} {vv:.3f}" if isinstance(vv, float) else f"{kk} {vv}" for kk, vv in st.items()))
+
     with open(os.path.join(args.out, "kernels_bench.json"), "w") as f:
-        json.dump(dict(rows=rows, decode=dec, bw=bw, mm=mm, log=log), f, indent=1)
+        json.dump(dict(rows=rows, decode=dec, stages=stages, bw=bw, mm=mm, log=log), f, indent=1)
 
     def fmt(x):
         return f"{x:.3f}" if isinstance(x, float) else ("—" if x is None else str(x))
