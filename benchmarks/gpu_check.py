@@ -259,7 +259,7 @@ def run_case(c) -> dict:
     dht = torch.randn(N, H, c["K"], V, generator=gen, dtype=torch.float64).to(dev).float()
     row["backward_path"] = backward_path(dtype, c["n"], c["K"]) if c["bwd"] else None
     if row["backward_path"] in ("triton", "triton_fp32"):  # which per-chunk gradient kernel(s) ran
-        row["dqkwg_kernel"] = dqkwg_kernel()
+        row["dqkwg_kernel"] = dqkwg_kernel(torch.device(dev))
     t0 = time.time()
     out = _run_chunk(c, chunk_gated_delta_product, inputs, dtype, do, dht)
     _sync()

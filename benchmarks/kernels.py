@@ -108,7 +108,7 @@ def stage_times(B, T, H, K, V, n, gated, dtype, dev):
     dvl = chunk_dp_bwd_dv_local(q, k, G, do, tab, sc, p)
     dh, dvn, _ = chunk_dp_bwd_dh(q, do, w, kd, gamma, G, dvl, None, tab, sc, False, p)
     ug = g is not None
-    if dqkwg_kernel() == "split":
+    if dqkwg_kernel(torch.device(dev)) == "split":  # refused where its gradients are wrong (split_refusal)
         _, dko, dw, dgp = chunk_dp_bwd_dqkw(q, k, G, h, dh, vn, dvn, do, tab, sc, ug, p)
         dqkwg = {
             "bwd_dqkwg (split: dqkw + wy)": bench(lambda: chunk_dp_bwd_dqkwg_split(q, k, v, beta, G, t, h, dh, vn, dvn,

@@ -41,7 +41,7 @@ def kernel_stages(q, k, v, beta, g, h0, do, dht, n, scale):
     out = dict(w=w, u=u, kd=kd, t=t, h=h, v_new=v_new, dv_loc=dv_loc, dh=dh, dv_new=dv_new)
     # the per-chunk gradient kernel last (it reuses t's slot as scratch, so t is copied first)
     out["t"] = t.clone()
-    dqkwg = chunk_dp_bwd_dqkwg_split if dqkwg_kernel() == "split" else chunk_dp_bwd_dqkwg  # DPX_KERNEL_DQKWG
+    dqkwg = chunk_dp_bwd_dqkwg_split if dqkwg_kernel(q.device) == "split" else chunk_dp_bwd_dqkwg  # DPX_KERNEL_DQKWG
     dq, dk, dv, dbeta, _ = dqkwg(q_, k_, v_, f(beta, -1, H), G, t, h, dh, v_new, dv_new, do_, tab, scale,
                                  g is not None, prec)
     out.update(dq=dq.view(q.shape), dk=dk.view(k.shape), dv=dv.view(v.shape), dbeta=dbeta.view(beta.shape))

@@ -89,9 +89,15 @@ def test_chunk_fp16(n, bwd_fp32, monkeypatch):
                                           (3, "rand", "fused"), (2, "rand", "split"), (3, "mixed", "split")])
 def test_chunk_bf16_real_compiler(n, gate, dqkwg, monkeypatch):
     # (3, mixed) gave dk/dv/dbeta 2.6-4.4e-2 on the H200 (2026-11-29); (2, mixed) and (3, rand) tell n_h from gates.
-    # split: the opt-in two-kernel per-chunk gradients (DPX_KERNEL_DQKWG=split), not yet run on a GPU
+    # split: the opt-in two-kernel per-chunk gradients (DPX_KERNEL_DQKWG=split); wrong on the H200 with Triton 3.6
+    # (2026-12-01), so there it must refuse to run rather than return those gradients
+    from dpx.kernels.delta_product.chunk import split_refusal
     monkeypatch.setenv("DPX_KERNEL_BWD_FP32", "0")
     monkeypatch.setenv("DPX_KERNEL_DQKWG", dqkwg)
+    if dqkwg == "split" and split_refusal(torch.device(DEVICE)):
+        with pytest.raises(RuntimeError, match="DPX_KERNEL_DQKWG=split: its gradients are wrong on Hopper"):
+            run_case(2, 150, 2, 64, 64, n, gate, torch.bfloat16)
+        return
     # bf16 operands and float32 accumulation in every kernel, forward and backward (what training runs)
     run_case(2, 150, 2, 64, 64, n, gate, torch.bfloat16)
 
@@ -162,6 +168,27 @@ def test_chunk_split_dqkwg(n, gate, T, K, V, dtype, cu, monkeypatch):
     monkeypatch.setattr(chunk_bwd_split, "chunk_dp_bwd_dqkwg_split", lambda *a: calls.append(1) or split(*a))
     run_case(1 if cu is not None else 2, T, 2, K, V, n, gate, dtype, cu=cu)
     assert calls, "the split kernels did not run"
+
+
+@pytest.mark.parametrize("cap,version,force,refused", [((9, 0), "3.6.0", "0", True), ((9, 0), "3.7.0", "0", True),
+                                                       ((9, 0), "3.7.1", "0", False), ((8, 0), "3.6.0", "0", False),
+                                                       ((9, 0), "3.6.0", "1", False)])
+def test_split_refused_on_hopper_before_triton_371(cap, version, force, refused, monkeypatch):
+    # the refusal's rule, on a CUDA device object (no GPU needed: only its type and capability are read)
+    import triton
+    from dpx.kernels.delta_product.chunk import dqkwg_kernel, split_refusal
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cap)
+    monkeypatch.setattr(triton, "__version__", version)
+    monkeypatch.setenv("DPX_KERNEL_DQKWG_FORCE", force)
+    monkeypatch.setenv("DPX_KERNEL_DQKWG", "split")
+    cuda = torch.device("cuda", 0)
+    assert bool(split_refusal(cuda)) == refused
+    assert split_refusal(torch.device("cpu")) is None  # the interpreter runs it (the float64 tests above)
+    if refused:
+        with pytest.raises(RuntimeError, match=f"Triton {version}"):
+            dqkwg_kernel(cuda)
+    else:
+        assert dqkwg_kernel(cuda) == "split"
 
 
 @pytest.mark.parametrize("value", ["fused", ""])

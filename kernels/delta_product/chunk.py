@@ -11,7 +11,8 @@ Backward (fla's split, specialised to DeltaProduct: only T query rows, gates onc
   chunk_h.chunk_dp_bwd_kernel_dh      serial, reverse: dh (state gradient after each chunk), dv_new, dh0
   chunk_bwd.chunk_dp_bwd_dqkwg        per chunk: dq, dk, dv, dbeta, dg (W/U/Kd/P/T gradients stay in registers)
                                       DPX_KERNEL_DQKWG=split runs chunk_bwd_split's two kernels instead (opt-in:
-                                      K-blocked dq/dk/dW, then the WY backward; same outputs; dqkwg_kernel)
+                                      K-blocked dq/dk/dW, then the WY backward; same outputs; dqkwg_kernel;
+                                      refused on Hopper with Triton < 3.7.1, where its gradients are wrong)
 16-bit inputs: 16-bit operands and float32 accumulation throughout (as fla), forward and backward, at every n_h.
 DPX_KERNEL_BWD_FP32=1 runs the backward of 16-bit inputs on float32 copies instead (float32 traffic, tf32x3 dots;
 slower, kept as a switch for debugging); unset or 0, the 16-bit backward runs. The GPU acceptance check
@@ -59,7 +60,7 @@ def chunk_dp_bwd(q, k, v, g, beta, h0, do, dht, tab, scale, wy=None):
     dv_loc = chunk_dp_bwd_dv_local(q, k, G, do, tab, scale, prec)
     dh, dv_new, dh0 = chunk_dp_bwd_dh(q, do, w, kd, gamma, G, dv_loc, dht, tab, scale, h0 is not None, prec)
     dqkwg = chunk_dp_bwd_dqkwg
-    if dqkwg_kernel() == "split":
+    if dqkwg_kernel(q.device) == "split":
         from .chunk_bwd_split import chunk_dp_bwd_dqkwg_split as dqkwg
     dq, dk, dv, dbeta, dg = dqkwg(q, k, v, beta, G, t, h, dh, v_new, dv_new, do, tab, scale, g is not None, prec)
     return dq, dk, dv, dg, dbeta, dh0
@@ -68,14 +69,38 @@ def chunk_dp_bwd(q, k, v, g, beta, h0, do, dht, tab, scale, wy=None):
 DQKWG_KERNELS = ("fused", "split")
 
 
-def dqkwg_kernel() -> str:
+def dqkwg_kernel(device: torch.device | None = None) -> str:
     """Which per-chunk gradient kernel the backward runs, read at each call from DPX_KERNEL_DQKWG: "fused" (unset
     or "fused": chunk_bwd.chunk_dp_bwd_kernel_dqkwg, the default, verified on the H200) or "split" (the two kernels
-    of chunk_bwd_split, fla's K-blocked + WY-backward split; opt-in)."""
+    of chunk_bwd_split, fla's K-blocked + WY-backward split; opt-in). On a Hopper GPU with Triton < 3.7.1 "split"
+    raises (split_refusal): its gradients are wrong there."""
     flag = os.environ.get("DPX_KERNEL_DQKWG", "")
     if flag not in ("",) + DQKWG_KERNELS:
         raise ValueError(f"DPX_KERNEL_DQKWG: expected fused, split or unset, got {flag!r}")
+    if flag == "split" and device is not None:
+        why = split_refusal(device)
+        if why:
+            raise RuntimeError(why)
     return flag or "fused"
+
+
+def split_refusal(device: torch.device) -> str | None:
+    """Why DPX_KERNEL_DQKWG=split must not run on `device`, or None. On the H200 (Triton 3.6.0, 2026-12-01) the split
+    kernels gave gradients off by 5e-2 (n_h 1) to 1.2 (n_h 2, gated) relative to the fused kernel, and an illegal
+    memory access at n_h 3 with gates, with every autotune config pinned in turn. Both halves have the shape of the
+    two Triton miscompiles on Hopper that fla works around (fla #640: a dq/dk/dg kernel over 64-wide K blocks,
+    fixed in Triton 3.7.1; fla #984: the WY backward at 64-row chunks). DPX_KERNEL_DQKWG_FORCE=1 runs it anyway
+    (to reproduce the fault)."""
+    if device.type != "cuda" or os.environ.get("DPX_KERNEL_DQKWG_FORCE", "0") == "1":
+        return None
+    import triton
+    major = torch.cuda.get_device_capability(device)[0]
+    version = tuple(int(x) for x in triton.__version__.split("+")[0].split(".")[:3] if x.isdigit())
+    if major == 9 and version < (3, 7, 1):
+        return (f"DPX_KERNEL_DQKWG=split: its gradients are wrong on Hopper with Triton {triton.__version__} (< 3.7.1; "
+                "measured on the H200, see BENCHMARKS.md); unset it to run the fused kernel, or set "
+                "DPX_KERNEL_DQKWG_FORCE=1 to reproduce the fault")
+    return None
 
 
 FP32_BWD_MAX_K = 128  # widest head dim whose float32 backward tiles fit Hopper's shared memory (see the docstring)
@@ -146,7 +171,7 @@ class ChunkGatedDeltaProductFunction(torch.autograd.Function):
         B, T, H, K = q.shape
         V = v.shape[-1]
         path = backward_path(q.dtype, ctx.tab.n, K)
-        dqkwg_kernel()  # a bad DPX_KERNEL_DQKWG raises on every path, the PyTorch one included
+        dqkwg_kernel(q.device)  # a bad DPX_KERNEL_DQKWG raises on every path, the PyTorch one included
         if path == "torch_fp32":
             return _torch_backward(ctx, do, dht)
         flat = lambda x, *s: None if x is None else x.reshape(*s)
