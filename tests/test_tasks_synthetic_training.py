@@ -117,6 +117,30 @@ def test_preempt_then_resume_is_bit_identical(tmp_path):
     assert res.tokens == ref.tokens
 
 
+def test_tokens_per_s_leaves_out_each_attempts_first_step(tmp_path):
+    # a first step that is slow (on a GPU: compilation and autotuning) must not set the reported rate
+    ctx = RunContext(tmp_path / "run", {})
+    slow = {0: 0.6, 6: 0.6}  # the first step of each attempt
+
+    def bf(step, micro):
+        if micro == 0 and step in slow:
+            time.sleep(slow[step])
+        if step == 5 and micro == 1:
+            ctx.request_stop()
+        return batch_fn(step, micro)
+
+    with pytest.raises(Preempted):
+        fit(new_model(), TrainConfig(**CFG), ctx, batch_fn=bf, loss_fn=loss_fn)
+    res = fit(new_model(), TrainConfig(**CFG), RunContext(tmp_path / "run", {}, attempt=2), batch_fn=bf,
+              loss_fn=loss_fn)
+    assert res.step == 12 and res.first_steps_s >= 1.2
+    assert res.tokens_per_s_overall == pytest.approx(res.tokens / res.train_time_s)
+    steady = (res.tokens - 2 * 2 * 8 * T) / (res.train_time_s - res.first_steps_s)  # 2 micro-batches of 8 x T a step
+    assert res.tokens_per_s == pytest.approx(steady) and res.tokens_per_s > res.tokens_per_s_overall
+    summary = res.summary()
+    assert summary["train/first_steps_s"] >= 1.2 and summary["train/tokens_per_s"] > summary["train/tokens_per_s_overall"]
+
+
 def test_periodic_checkpoint_and_finished_run_is_not_retrained(tmp_path):
     cfg = TrainConfig(**{**CFG, "checkpoint_every": 4})
     calls = []

@@ -113,6 +113,7 @@ def train(s: TrialSetup, tok, ctx: RunContext):
     summary = {NUM_PARAMS: n_params, "num_heads": model.config.num_heads, "head_dim": model.config.key_dim,
                "hidden_size": model.config.hidden_size, TOKENS_PER_S: res.tokens_per_s, "train_tokens": res.tokens,
                "train_steps": res.step, "train_time_s": res.train_time_s,
+               "train_first_steps_s": res.first_steps_s, "tokens_per_s_overall": res.tokens_per_s_overall,
                VAL_LOSS: res.last_eval.get("val/loss"), "val_ppl": res.last_eval.get("val/ppl")}
     if peak:
         summary["mfu"] = res.tokens_per_s * fpt / (peak * 1e12)

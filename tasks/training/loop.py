@@ -53,15 +53,31 @@ class FitResult:
     tokens: int
     """training tokens consumed (as counted by loss_fn)"""
     tokens_per_s: float
-    """tokens / train_time_s"""
+    """tokens / train_time_s without each attempt's first step (see steady_rate), or with it when that is all"""
     last_eval: dict = field(default_factory=dict)
     resumed_from: int = 0
     """step of the checkpoint this attempt started from (0: fresh)"""
+    first_steps_s: float = 0.0
+    """seconds of each attempt's first step (compilation and autotuning on a GPU), over all attempts"""
+    tokens_per_s_overall: float = 0.0
+    """tokens / train_time_s, first steps included"""
 
     def summary(self, prefix: str = "train/") -> dict[str, float]:
         return {f"{prefix}steps": self.step, f"{prefix}time_s": round(self.train_time_s, 3),
                 f"{prefix}tokens": self.tokens, f"{prefix}tokens_per_s": round(self.tokens_per_s, 1),
+                f"{prefix}tokens_per_s_overall": round(self.tokens_per_s_overall, 1),
+                f"{prefix}first_steps_s": round(self.first_steps_s, 3),
                 f"{prefix}early_stopped": float(self.stop_reason == "early_stop")}
+
+
+def steady_rate(tokens: int, time_s: float, first_tokens: int, first_s: float) -> float:
+    """Tokens/s without the first step of each attempt, which on a GPU compiles and autotunes every kernel: in
+    table3's gpu_small trials on the H200 (60 steps, 2026-12-01) the first 10 steps ran at 12-22k tokens/s and the
+    rest at 0.6-0.7M, so a rate that kept them ranked DeltaNet below DeltaProduct_2 (it ran first, on a cold
+    compile cache), the opposite of their steady rates. Falls back to all steps when nothing follows a first step."""
+    if tokens > first_tokens and time_s > first_s:
+        return (tokens - first_tokens) / (time_s - first_s)
+    return tokens / max(time_s, 1e-9)
 
 
 def autocast(device: torch.device, precision: str = "auto"):
@@ -144,6 +160,7 @@ def fit(model: nn.Module, cfg: TrainConfig | dict, ctx, *,
     ck_path = ctx.checkpoint_dir / LAST_CHECKPOINT
 
     step, tokens, train_time, last_eval, stop_reason, finished = 0, 0, 0.0, {}, "steps", False
+    first_s, first_tokens = 0.0, 0  # each attempt's first step (compile + autotune), summed: steady_rate
     resume = ctx.resume_path()
     if resume is not None:
         ck = torch.load(resume, map_location=device, weights_only=False)
@@ -156,6 +173,7 @@ def fit(model: nn.Module, cfg: TrainConfig | dict, ctx, *,
         if data_state is not None and ck.get("data_state") is not None:
             data_state.load_state_dict(ck["data_state"])
         step, tokens, train_time = ck["step"], ck["tokens"], ck["train_time_s"]
+        first_s, first_tokens = ck.get("first_steps_s", 0.0), ck.get("first_steps_tokens", 0)
         last_eval, stop_reason, finished = ck["last_eval"], ck["stop_reason"], ck["finished"]
         print(f"[dpx] resumed from {resume} at step {step}" + (" (training already finished)" if finished else ""),
               flush=True)
@@ -166,6 +184,7 @@ def fit(model: nn.Module, cfg: TrainConfig | dict, ctx, *,
             return
         save_checkpoint(ck_path, {
             "version": CHECKPOINT_VERSION, "step": step, "tokens": tokens, "train_time_s": train_time,
+            "first_steps_s": first_s, "first_steps_tokens": first_tokens,
             "model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
             "rng": _rng_state(), "data_state": data_state.state_dict() if data_state is not None else None,
             "last_eval": last_eval, "stop_reason": stop_reason, "finished": done, "train_config": asdict(cfg)})
@@ -189,9 +208,12 @@ def fit(model: nn.Module, cfg: TrainConfig | dict, ctx, *,
         v = ev[cfg.early_stop_metric]
         return v >= cfg.early_stop_value if cfg.early_stop_mode == "max" else v <= cfg.early_stop_value
 
+    def result() -> FitResult:
+        return FitResult(step, stop_reason, train_time, tokens, steady_rate(tokens, train_time, first_tokens, first_s),
+                         last_eval, resumed_from, first_s, tokens / max(train_time, 1e-9))
+
     if finished:
-        return FitResult(step, stop_reason, train_time, tokens, tokens / max(train_time, 1e-9), last_eval,
-                         resumed_from)
+        return result()
 
     train_model = dd.wrap(model)  # DistributedDataParallel when the trial runs as several ranks
     train_model = torch.compile(train_model) if cfg.compile else train_model
@@ -228,6 +250,8 @@ def fit(model: nn.Module, cfg: TrainConfig | dict, ctx, *,
         sched.step()
         step += 1
         dt = time.perf_counter() - t0
+        if step == resumed_from + 1:  # this attempt's first step
+            first_s, first_tokens = first_s + dt, first_tokens + step_tokens
         train_time += dt
         tokens += step_tokens
         win_tokens += step_tokens
@@ -251,4 +275,4 @@ def fit(model: nn.Module, cfg: TrainConfig | dict, ctx, *,
         last_eval = evaluate()
     checkpoint(done=True)
     ctx.report_progress(1.0, f"trained {step} steps ({stop_reason})")
-    return FitResult(step, stop_reason, train_time, tokens, tokens / max(train_time, 1e-9), last_eval, resumed_from)
+    return result()
