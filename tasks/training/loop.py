@@ -122,11 +122,14 @@ def _rng_state() -> dict:
 
 
 def _set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
+    # RNG states are CPU byte tensors whatever device the checkpoint was loaded onto (fit loads it with
+    # map_location=device: on a GPU that moved them to CUDA, and every resumed GPU trial died here with "RNG state
+    # must be a torch.ByteTensor", H200 2026-12-01)
+    torch.set_rng_state(state["torch"].cpu())
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state_all([x.cpu() for x in state["cuda"]])
 
 
 def save_checkpoint(path: Path, obj: dict) -> None:
