@@ -15,7 +15,7 @@ from dpx.tasks.context import Preempted, RunContext
 from dpx.tasks.word_problems import groups
 from dpx.tasks.word_problems.config import WordProblemConfig
 from dpx.tasks.word_problems.data import WordProblemData, encode
-from dpx.tasks.word_problems.metrics import PrefixAccuracy, max_len_at
+from dpx.tasks.word_problems.metrics import PrefixAccuracy, evaluate, max_len_at
 from dpx.tasks.word_problems.probe import beta_per_element, cumulative_explained_variance
 
 
@@ -119,6 +119,31 @@ def test_prefix_accuracy_against_brute_force():
     assert acc.token_acc() == pytest.approx(tok)
     curve = np.array([1.0, 0.99, 0.95, 0.9, 0.85, 0.2])
     assert max_len_at(curve) == 3 and max_len_at(curve, 0.99) == 1 and max_len_at(np.array([1.0, 0.5])) == 0
+
+
+def test_evaluate_splits_a_batch_that_runs_out_of_memory():
+    # a model that "runs out of GPU memory" above 3 sequences a batch: same counts as one pass, in smaller batches
+    rng = np.random.default_rng(2)
+    x = rng.integers(0, 5, size=(23, 7))
+    y = np.where(rng.random((23, 7)) < 0.8, x, (x + 1) % 5)
+    sizes = []
+
+    def model(xb):
+        sizes.append(len(xb))
+        if len(xb) > 3:
+            raise torch.OutOfMemoryError("CUDA out of memory (test)")
+        return torch.nn.functional.one_hot(xb, 5).float()  # predicts its input
+
+    got = evaluate(model, x, y, batch_size=16, device="cpu")
+    ref = PrefixAccuracy()
+    ref.update(torch.nn.functional.one_hot(torch.from_numpy(x), 5).float(), torch.from_numpy(y))
+    assert got.n == 23 and np.array_equal(got.acc_at_pos(), ref.acc_at_pos()) and got.token_acc() == ref.token_acc()
+    assert sizes[:3] == [16, 8, 4] and max(sizes[3:]) <= 2  # halved until it fit, then kept there
+
+    def never_fits(xb):
+        raise torch.OutOfMemoryError("CUDA out of memory (test)")
+    with pytest.raises(torch.OutOfMemoryError):
+        evaluate(never_fits, x, y, batch_size=4, device="cpu")
 
 
 @pytest.mark.parametrize("bad,key", [
