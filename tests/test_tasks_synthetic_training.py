@@ -141,6 +141,20 @@ def test_tokens_per_s_leaves_out_each_attempts_first_step(tmp_path):
     assert summary["train/first_steps_s"] >= 1.2 and summary["train/tokens_per_s"] > summary["train/tokens_per_s_overall"]
 
 
+def test_time_box_leaves_out_the_first_step(tmp_path):
+    # a first step longer than the whole box (a GPU's compile + autotune) still leaves the box for training
+    def bf(step, micro):
+        if step == 0 and micro == 0:
+            time.sleep(0.5)
+        if step >= 2 and micro == 0:
+            time.sleep(0.05)
+        return batch_fn(step, micro)
+    res = fit(new_model(), TrainConfig(**{**CFG, "steps": 1000, "max_time_s": 0.3}), RunContext(tmp_path, {}),
+              batch_fn=bf, loss_fn=loss_fn)
+    assert res.stop_reason == "time_limit" and res.first_steps_s >= 0.5
+    assert 3 <= res.step < 1000 and res.train_time_s - res.first_steps_s >= 0.3
+
+
 def test_periodic_checkpoint_and_finished_run_is_not_retrained(tmp_path):
     cfg = TrainConfig(**{**CFG, "checkpoint_every": 4})
     calls = []

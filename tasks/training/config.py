@@ -49,7 +49,9 @@ class TrainConfig(Choices):
     early_stop_mode: EarlyStopMode = "max"
     """max: stop when the metric is >= early_stop_value; min: when it is <= (e.g. a validation loss)"""
     max_time_s: float = 0.0
-    """stop training after this many seconds (0: no limit)"""
+    """stop training after this many seconds of training steps (0: no limit), not counting each attempt's first step:
+    on a GPU that step compiles and autotunes the kernels (13-31 s for the delta family's Triton kernels on the
+    H200, 1-3 s for a Transformer), so a time box that counted it gave architectures unequal training time"""
     compile: bool = False
     """torch.compile the model"""
 
