@@ -50,6 +50,10 @@ except Exception as e:  # noqa: BLE001 - fla is optional
     fla_chunk, FLA_ERR = None, repr(e)
 
 
+def triton_cache_dir() -> str:
+    return os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
+
+
 def bench(fn, warmup=25, rep=100):
     return triton.testing.do_bench(fn, warmup=warmup, rep=rep, quantiles=[0.5])
 
@@ -224,12 +228,22 @@ def main():
     ap.add_argument("--dqkwg", default="",
                     help="comma list of DPX_KERNEL_DQKWG values (fused,split): stages and forward+backward rows are "
                          "timed under each, in this one process (default: the environment's)")
+    ap.add_argument("--autotune-cache", default="",
+                    help="a .tgz of Triton *.autotune.json files (from --save-autotune-cache on the same image and GPU) "
+                         "unpacked into the Triton cache first: fla then skips its first-call autotuning (137-150 s "
+                         "per n_h row on the H200); results/kernels_h200_s7/fla_autotune_cache_h200_triton360.tgz "
+                         "holds fla's for this script's shape at n_h 1-3 (Triton 3.6.0, fla-core 0.6.0)")
+    ap.add_argument("--save-autotune-cache", default="", help="write the Triton cache's *.autotune.json files here")
     ap.add_argument("--decode-sweep", action="store_true", help="time the decode kernel at every (BV, warps)")
     ap.add_argument("--no-decode", action="store_true", help="skip the decode timings")
     ap.add_argument("--bwd-fp32", choices=("0", "1", "default"), default="0",
                     help="DPX_KERNEL_BWD_FP32 for the timed backward: 0 = the 16-bit kernels (default here: they are "
                          "what is benchmarked), 1 = the float32 backward, default = the library's choice per n_h")
     args = ap.parse_args()
+    if args.autotune_cache:
+        import tarfile
+        with tarfile.open(args.autotune_cache) as tf:
+            tf.extractall(triton_cache_dir(), filter="data")
     if args.bwd_fp32 == "default":
         os.environ.pop("DPX_KERNEL_BWD_FP32", None)
     else:
@@ -377,6 +391,16 @@ def main():
                     f.write(json.dumps(stages[-1]) + "\n")
                 say(f"fla stages n={n} gated={gated} (ms): " + ", ".join(
                     f"{kk} {vv:.3f}" if isinstance(vv, float) else f"{kk} {vv}" for kk, vv in st.items()))
+
+    if args.save_autotune_cache:
+        import tarfile
+        root = triton_cache_dir()
+        with tarfile.open(args.save_autotune_cache, "w:gz") as tf:
+            for dirpath, _, files in os.walk(root):
+                for fn in files:
+                    if fn.endswith(".autotune.json"):
+                        full = os.path.join(dirpath, fn)
+                        tf.add(full, arcname=os.path.relpath(full, root))
 
     with open(os.path.join(args.out, "kernels_bench.json"), "w") as f:
         json.dump(dict(rows=rows, decode=dec, stages=stages, bw=bw, mm=mm, log=log), f, indent=1)
