@@ -114,21 +114,19 @@ def backward_path(dtype: torch.dtype, n: int, K: int) -> str:
     return "triton"
 
 
-def _torch_backward(ctx, do, dht):
+def _torch_backward(saved, need, tab, scale, cu_seqlens, do, dht):
     """Gradients by autograd through the PyTorch chunkwise form, recomputed from the saved inputs in float32."""
     from .torch_chunk import torch_chunk_gated_delta_product
     if do.is_cuda:  # Python's default filter shows a warning once per call site: once per process here
         warnings.warn("chunk_gated_delta_product: the float32 backward at head dim > 128 runs in PyTorch (its Triton "
                       "tiles exceed the GPU's shared memory): correct but several times slower; 16-bit inputs "
                       "keep the Triton backward", stacklevel=2)
-    saved = ctx.saved_tensors[:6]
-    need = ctx.needs_input_grad[:6]
     with torch.enable_grad():
         xs = [None if x is None else x.detach().float().requires_grad_(bool(r)) for x, r in zip(saved, need)]
         q, k, v, g, beta, h0 = xs
-        o, ht = torch_chunk_gated_delta_product(q, k, v, g, beta, num_householder=ctx.tab.n, scale=ctx.scale,
+        o, ht = torch_chunk_gated_delta_product(q, k, v, g, beta, num_householder=tab.n, scale=scale,
                                                 initial_state=h0, output_final_state=dht is not None,
-                                                cu_seqlens=ctx.cu_seqlens)
+                                                cu_seqlens=cu_seqlens)
         outs, gos = [o], [do.float()]
         if dht is not None:
             outs.append(ht)
@@ -136,8 +134,7 @@ def _torch_backward(ctx, do, dht):
         wrt = [x for x in xs if x is not None and x.requires_grad]
         got = iter(torch.autograd.grad(outs, wrt, gos, allow_unused=True))
     grads = [next(got) if x is not None and x.requires_grad else None for x in xs]
-    grads = [None if gx is None else gx.to(x.dtype) for gx, x in zip(grads, saved)]
-    return (*grads, None, None, None, None)
+    return tuple(None if gx is None else gx.to(x.dtype) for gx, x in zip(grads, saved))
 
 
 def _float32_backward(dtype: torch.dtype) -> bool:
@@ -153,43 +150,56 @@ class ChunkGatedDeltaProductFunction(torch.autograd.Function):
     @staticmethod
     @contiguous
     def forward(ctx, q, k, v, g, beta, h0, tab, scale, output_final_state, cu_seqlens):
-        B, T, H, K = q.shape
-        V = v.shape[-1]
-        flat = lambda x, *s: None if x is None else x.reshape(*s)
-        o, ht, (t, G, gamma) = chunk_dp_fwd(flat(q, -1, H, K), flat(k, -1, H, K), flat(v, -1, H, V),
-                                            flat(g, -1, H), flat(beta, -1, H), h0, tab, scale, output_final_state)
+        o, ht, (t, G, gamma) = chunk_forward(q, k, v, g, beta, h0, tab, scale, output_final_state)
         # T = (I+A)^-1 per chunk (half a key tensor in size at head dim 128) and the gate sums are kept, so the
         # backward re-runs only the 64-row products W = T X, U = T Y instead of the whole preparation (fla keeps A)
         ctx.save_for_backward(q, k, v, g, beta, h0, t, G, gamma)
         ctx.tab, ctx.scale, ctx.cu_seqlens = tab, scale, cu_seqlens
-        return o.view(B, T, H, V), ht
+        return o, ht
 
     @staticmethod
     @contiguous
     def backward(ctx, do, dht):
-        q, k, v, g, beta, h0, t, G, gamma = ctx.saved_tensors
-        B, T, H, K = q.shape
-        V = v.shape[-1]
-        path = backward_path(q.dtype, ctx.tab.n, K)
-        dqkwg_kernel(q.device)  # a bad DPX_KERNEL_DQKWG raises on every path, the PyTorch one included
-        if path == "torch_fp32":
-            return _torch_backward(ctx, do, dht)
-        flat = lambda x, *s: None if x is None else x.reshape(*s)
-        wy = (t, G, gamma)
-        if path == "triton_fp32" and q.dtype != torch.float32:  # float32 copies: T is recomputed in float32
-            f32 = lambda x: None if x is None else x.float()
-            q_, k_, v_, beta_, do_, wy = f32(q), f32(k), f32(v), f32(beta), f32(do), None
-        else:
-            q_, k_, v_, beta_, do_ = q, k, v, beta, do
-        dq, dk, dv, dg, dbeta, dh0 = chunk_dp_bwd(
-            flat(q_, -1, H, K), flat(k_, -1, H, K), flat(v_, -1, H, V), flat(g, -1, H), flat(beta_, -1, H), h0,
-            flat(do_, -1, H, V), dht, ctx.tab, ctx.scale, wy)
-        cast = lambda dx, x: None if dx is None else dx.view(x.shape).to(x.dtype)
-        return (cast(dq, q), cast(dk, k), cast(dv, v), cast(dg, g), cast(dbeta, beta), cast(dh0, h0),
-                None, None, None, None)
+        grads = chunk_backward(ctx.saved_tensors, do, dht, ctx.tab, ctx.scale, ctx.cu_seqlens, ctx.needs_input_grad[:6])
+        return (*grads, None, None, None, None)
 
 
-@torch.compiler.disable
+def chunk_backward(saved, do, dht, tab, scale, cu_seqlens, need=(True,) * 6):
+    """(dq, dk, dv, dg, dbeta, dh0) from the forward's saved (q, k, v, g, beta, h0, T, G, gamma): the backward of
+    ChunkGatedDeltaProductFunction and of the custom op dpx::chunk_dp_bwd (compiled.py). `need` says which of the
+    six inputs want a gradient (only the PyTorch backward at float32 head dim > 128 uses it)."""
+    q, k, v, g, beta, h0, t, G, gamma = saved
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    path = backward_path(q.dtype, tab.n, K)
+    dqkwg_kernel(q.device)  # a bad DPX_KERNEL_DQKWG raises on every path, the PyTorch one included
+    if path == "torch_fp32":
+        return _torch_backward(saved[:6], need, tab, scale, cu_seqlens, do, dht)
+    flat = lambda x, *s: None if x is None else x.reshape(*s)
+    wy = (t, G, gamma)
+    if path == "triton_fp32" and q.dtype != torch.float32:  # float32 copies: T is recomputed in float32
+        f32 = lambda x: None if x is None else x.float()
+        q_, k_, v_, beta_, do_, wy = f32(q), f32(k), f32(v), f32(beta), f32(do), None
+    else:
+        q_, k_, v_, beta_, do_ = q, k, v, beta, do
+    dq, dk, dv, dg, dbeta, dh0 = chunk_dp_bwd(
+        flat(q_, -1, H, K), flat(k_, -1, H, K), flat(v_, -1, H, V), flat(g, -1, H), flat(beta_, -1, H), h0,
+        flat(do_, -1, H, V), dht, tab, scale, wy)
+    cast = lambda dx, x: None if dx is None else dx.view(x.shape).to(x.dtype)
+    return cast(dq, q), cast(dk, k), cast(dv, v), cast(dg, g), cast(dbeta, beta), cast(dh0, h0)
+
+
+def chunk_forward(q, k, v, g, beta, h0, tab, scale, output_final_state):
+    """(o [B,T,H,V], final state or None, (T, G, gamma)) on [B,T,...] inputs: the forward of
+    ChunkGatedDeltaProductFunction and of the custom op dpx::chunk_dp_fwd (compiled.py)."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    flat = lambda x, *s: None if x is None else x.reshape(*s)
+    o, ht, wy = chunk_dp_fwd(flat(q, -1, H, K), flat(k, -1, H, K), flat(v, -1, H, V), flat(g, -1, H),
+                             flat(beta, -1, H), h0, tab, scale, output_final_state)
+    return o.view(B, T, H, V), ht, wy
+
+
 def chunk_gated_delta_product(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -208,6 +218,9 @@ def chunk_gated_delta_product(
 
     q [B,T,H,K]; k [B,T*n,H,K], v [B,T*n,H,V], beta [B,T*n,H] interleaved per token; g [B,T,H] log gate or None;
     initial_state [N,H,K,V]; cu_seqlens [N+1] token offsets (B = 1). Returns (o [B,T,H,V], final state float32).
+    Under torch.compile it runs as the custom ops dpx::chunk_dp_fwd / dpx::chunk_dp_bwd (compiled.py: the same
+    kernels, opaque to the compiler, so the glue around them compiles into one graph); eagerly, as the
+    autograd.Function below.
     """
     check_inputs(q, k, v, g, beta, num_householder, initial_state, cu_seqlens)
     B, T, H, K = q.shape
@@ -216,14 +229,20 @@ def chunk_gated_delta_product(
     scale = K ** -0.5 if scale is None else scale
     if use_qk_l2norm_in_kernel:
         q, k = l2norm(q.float()).to(q.dtype), l2norm(k.float()).to(k.dtype)
-    tab = chunk_table(B, T, num_householder, q.device, cu_seqlens, cu_seqlens_cpu)
     if g is not None:
         g = g.float()
+    if torch.compiler.is_compiling():
+        from .compiled import chunk_dp_apply
+        run = lambda q, k, v, h0: chunk_dp_apply(q, k, v, g, beta, h0, cu_seqlens, num_householder, scale,
+                                                 output_final_state)
+    else:
+        tab = chunk_table(B, T, num_householder, q.device, cu_seqlens, cu_seqlens_cpu)
+        run = lambda q, k, v, h0: ChunkGatedDeltaProductFunction.apply(q, k, v, g, beta, h0, tab, scale,
+                                                                       output_final_state, cu_seqlens)
     V = v.shape[-1]
     Kp, Vp = next_pow2(K), next_pow2(V)
     if (Kp, Vp) == (K, V):
-        return ChunkGatedDeltaProductFunction.apply(q, k, v, g, beta, initial_state, tab, scale, output_final_state,
-                                                    cu_seqlens)
+        return run(q, k, v, initial_state)
     # Head dims that are not a power of two (Table 3's head-dim matching gives 85) run zero-padded to the tile
     # width, which the kernels use anyway (BK = next power of two): no tile is then masked along K or V. The
     # bf16 n_h = 3 head dim 85 case raised an illegal memory access on the H200 (Triton 3.6, issue 14) in a
@@ -231,5 +250,5 @@ def chunk_gated_delta_product(
     pad = torch.nn.functional.pad
     q, k, v = pad(q, (0, Kp - K)), pad(k, (0, Kp - K)), pad(v, (0, Vp - V))
     h0 = None if initial_state is None else pad(initial_state, (0, Vp - V, 0, Kp - K))
-    o, ht = ChunkGatedDeltaProductFunction.apply(q, k, v, g, beta, h0, tab, scale, output_final_state, cu_seqlens)
+    o, ht = run(q, k, v, h0)
     return o[..., :V], (None if ht is None else ht[..., :K, :V])

@@ -4,8 +4,10 @@
 - `l2norm` (l2_norm.py): L2 norm over head groups (+ SiLU), for layers without a short convolution
 - `rms_norm_gated` (fused_norm_gate.py): the output RMSNorm, optionally times SiLU(gate)
 
-Every op takes impl="auto" (Triton on CUDA, the PyTorch form elsewhere), "triton" or "torch"; `naive_*` are the
-references. Importing this package is cheap; triton is imported with the op modules, on first attribute access.
+Every op takes impl="auto" (Triton on CUDA, the PyTorch form elsewhere and while torch.compile traces: the compiler
+generates its own fused kernels for these elementwise/reduction chains, so the hand-fused ops are for eager mode;
+the delta kernel itself stays one custom op under compile, delta_product/compiled.py), "triton" or "torch";
+`naive_*` are the references. Importing this package is cheap; triton is imported with the op modules, on first attribute access.
 """
 from __future__ import annotations
 

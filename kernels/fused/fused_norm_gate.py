@@ -26,8 +26,8 @@ def naive_rms_norm_gated(x, weight, gate=None, eps: float = 1e-6):
 
 
 def rms_norm_gated(x, weight, gate=None, eps: float = 1e-6, impl: str = "auto"):
-    if impl == "auto":
-        impl = "triton" if x.is_cuda else "torch"
+    if impl == "auto":  # under torch.compile the PyTorch form, which the compiler fuses itself (see __init__)
+        impl = "triton" if x.is_cuda and not torch.compiler.is_compiling() else "torch"
     if impl == "torch":
         return naive_rms_norm_gated(x, weight, gate, eps)
     return RMSNormGatedFn.apply(x, weight, gate, eps)

@@ -26,8 +26,8 @@ def naive_l2norm(x, group: int, activation: bool = False, eps: float = 1e-6):
 
 
 def l2norm(x, group: int, activation: bool = False, eps: float = 1e-6, impl: str = "auto"):
-    if impl == "auto":
-        impl = "triton" if x.is_cuda else "torch"
+    if impl == "auto":  # under torch.compile the PyTorch form, which the compiler fuses itself (see __init__)
+        impl = "triton" if x.is_cuda and not torch.compiler.is_compiling() else "torch"
     if x.shape[-1] % group:
         raise ValueError(f"l2norm: group={group} does not divide the {x.shape[-1]} channels")
     if impl == "torch":
