@@ -31,6 +31,7 @@ TITLES = {
     "fig5": "Fig. 5: what fits the training range: n_h for one layer, layers for n_h = 1",
     "fig8": "Fig. 8: per-position loss inside vs beyond the training context",
     "fig9": "Fig. 9: effective rank per head inside vs beyond the training context",
+    "baselines": "Baselines (seed 001 table 8-5) on state tracking: what each architecture fits, beside theory",
     "fig7": "Figs. 7 / 13: did a head learn a rotation (two betas near 2, keys in a 3-D subspace, one head of 12)?",
 }
 
@@ -197,6 +198,40 @@ def _figure(con, name: str, where: str) -> Comparison:
     return Comparison(name, TITLES[name], header, rows, notes)
 
 
+def _baselines(con, where: str) -> Comparison:
+    spec = reference.load_figures()["baselines"]
+    archs = spec["architectures"]
+    has_family = "model__family" in _columns(con, "trials")
+    data = _fetch(con, views.baselines(where)) if has_family else []
+    by = {}
+    for r in data:
+        by.setdefault(r["family"], []).append(r)
+    header = ["architecture", "decay", "eigenvalues beyond [0,1]", "expected (S3, A5)", "group", "runs", "n_h",
+              "train len", "best len@acc>=0.9", "acc at train len", "fits", "tokens/s", "status"]
+    rows = []
+    for fam in list(archs) + sorted(set(by) - set(archs)):
+        a = archs.get(fam, {})
+        ev = a.get("eigenvalues_beyond_0_1")
+        for r in by.get(fam) or [None]:
+            if r is None:
+                rows.append([fam, a.get("decay"), ev, a.get("expected_S3_A5"), None, 0, None, None, None, None, None,
+                             None, NO_RUN])
+                continue
+            tl = max(r["train_len"]) if r["train_len"] else None
+            acc = r["best_acc_at_train_len"]
+            fits = (acc >= 0.9) if acc is not None else (None if r["best_max_len_acc90"] is None or tl is None
+                                                         else r["best_max_len_acc90"] >= tl)
+            rows.append([fam, a.get("decay"), ev, a.get("expected_S3_A5"), r["group_name"], r["n_runs"], r["n_h"],
+                         r["train_len"], r["best_max_len_acc90"], acc, fits, r["tokens_per_s"],
+                         "ours only (not in table 8-5)" if not a else "ran"])
+    notes = ["fits = prefix accuracy >= 0.9 at the training length; 'expected' is what the paper's theory and Fig. 5 "
+             "say for one layer at any length (runs at a short training length can fit it without tracking state)"]
+    notes += [f"paper: {c['text']} ({c['source']})" for c in spec["claims"]]
+    notes.append(f"architectures: {spec['architectures_source']}")
+    notes.append(f"paper settings: {spec['settings']}")
+    return Comparison("baselines", TITLES["baselines"], header, rows, notes, status_column=len(header) - 1)
+
+
 def _columns(con, table: str) -> set[str]:
     return {r[0] for r in con.execute(f"DESCRIBE {table}").fetchall()}
 
@@ -328,7 +363,7 @@ def _fig7(con, where: str) -> Comparison:
 
 
 def compare(db_path: str | os.PathLike, name: str, recipe: str | None = None) -> Comparison:
-    """Ours beside the paper's for `name` (table2..table5, fig4, fig5, fig7, fig8, fig9), optionally one recipe
+    """Ours beside the paper's for `name` (table2..table5, fig4, fig5, fig7, fig8, fig9, baselines), optionally one recipe
     only. The notes end with the settings where our runs differ from the paper's (PAPER_SETTINGS)."""
     reference.check_name(name)
     where = views.recipe_filter(recipe)
@@ -336,6 +371,10 @@ def compare(db_path: str | os.PathLike, name: str, recipe: str | None = None) ->
     try:
         if name == "fig7":
             return _fig7(con, where)
+        if name == "baselines":
+            c = _baselines(con, where)
+            c.notes += _setting_notes(setting_differences(con, "fig5", where, _TRIAL_FILTERS["fig5"]))
+            return c
         if name.startswith("table"):
             c = _paper_table(con, name, where)
         elif name == "fig5":

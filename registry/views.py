@@ -110,6 +110,22 @@ FROM paper_fig5 p FULL OUTER JOIN ours o ON p."group" = o.group_name
 ORDER BY group_name"""
 
 
+def baselines(where: str = "TRUE") -> str:
+    # One row per (architecture, group) of the state-tracking trials that name their family (the baselines recipe;
+    # fig5's DeltaProduct trials too): the best length at accuracy >= 0.9 over the runs and seeds.
+    return f"""
+SELECT t.model__family AS family, t.group_name, count(DISTINCT t.trial_id) AS n_runs,
+  list_sort(list(DISTINCT t.n_h)) AS n_h, list_sort(list(DISTINCT coalesce(t.num_layers, 1))) AS layers,
+  list_sort(list(DISTINCT t.train_len)) AS train_len,
+  max(s.value) FILTER (WHERE s.key = {lit(K.MAX_LEN_ACC90)}) AS best_max_len_acc90,
+  max(s.value) FILTER (WHERE s.key = {lit(K.ACC_AT_TRAIN_LEN)}) AS best_acc_at_train_len,
+  avg(s.value) FILTER (WHERE s.key = {lit(K.TOKENS_PER_S)}) AS tokens_per_s
+FROM trials t LEFT JOIN summary s USING (trial_id)
+WHERE {DONE} AND ({where}) AND t.group_name IS NOT NULL AND t.model__family IS NOT NULL
+GROUP BY ALL
+ORDER BY family, t.group_name"""
+
+
 def fig4(where: str = "TRUE") -> str:
     # One row per (task, matching, shape, model, impl). The ratio to n_h = 1 compares like with like (same impl);
     # dpx_over_fla sets our mixer against fla's layer in the same LM at the same shape and model.

@@ -184,3 +184,33 @@ def test_every_comparison_has_unique_machine_keys(tmp_path, name):
     ingest(db, [])
     c = compare(db, name)
     assert len(set(c.keys())) == len(c.keys()) == len(c.columns), (name, c.columns)
+
+
+def test_baselines_every_architecture_beside_theory(tmp_path):
+    # seed 001's table 8-5 on state tracking: a row per architecture and group that ran, the others "no run yet",
+    # each with its decay type and what the paper's theory / Fig. 5 expect
+    plan = [("linear_attention", 1, "S3", 0.2, 3), ("deltaproduct", 2, "S3", 0.95, 140), ("deltaproduct", 2, "S3", 0.5, 40),
+            ("deltaproduct", 2, "A5", 0.1, 2), ("mystery_rnn", 1, "S3", 0.0, 1)]
+    trials = [make_trial(tmp_path, "baselines_state_tracking", f"{fam}-{g}-{i}",
+                         {"family": fam, "num_householder": n, "num_layers": 1},
+                         {"name": "word_problem", "group": g, "train_len": 128},
+                         summary={keys.ACC_AT_TRAIN_LEN: acc, keys.MAX_LEN_ACC90: ml, keys.TOKENS_PER_S: 1000.0 * (i + 1)})
+              for i, (fam, n, g, acc, ml) in enumerate(plan)]
+    db = tmp_path / "r.duckdb"
+    ingest(db, trials)
+    c = compare(db, "baselines")
+    col = {name: i for i, name in enumerate(c.columns)}
+    rows = {(r[0], r[col["group"]]): r for r in c.rows}
+    dp_s3 = rows[("deltaproduct", "S3")]
+    assert dp_s3[col["runs"]] == 2 and dp_s3[col["best len@acc>=0.9"]] == 140 and dp_s3[col["fits"]] is True
+    assert dp_s3[col["expected (S3, A5)"]].startswith("yes at n_h = 2") and dp_s3[col["eigenvalues beyond [0,1]"]]
+    assert rows[("deltaproduct", "A5")][col["fits"]] is False
+    la = rows[("linear_attention", "S3")]
+    assert la[col["fits"]] is False and la[col["eigenvalues beyond [0,1]"]] is False and la[col["status"]] == "ran"
+    assert rows[("mamba", None)][col["status"]] == NO_RUN and rows[("mamba", None)][col["decay"]].startswith("dynamic")
+    assert rows[("mystery_rnn", "S3")][col["status"]].startswith("ours only")
+    assert {r[0] for r in c.rows} >= {"linear_attention", "retnet", "rwkv4", "rwkv5", "rwkv6", "gla", "mamba",
+                                      "mamba2", "transformer", "deltanet", "gated_deltanet", "rwkv7", "deltaproduct",
+                                      "gated_deltaproduct"}
+    assert any("setting differs" in n for n in c.notes) is False  # train length 128 = the paper's
+    assert any("Grazzi" in n for n in c.notes)
