@@ -125,7 +125,14 @@ def stage_times(B, T, H, K, V, n, gated, dtype, dev):
     else:
         dqkwg = {"bwd_dqkwg": bench(lambda: chunk_dp_bwd_dqkwg(q, k, v, beta, G, t, h, dh, vn, dvn, do, tab,
                                                                        sc, ug, p))}
+    from dpx.kernels.delta_product.chunk import fwd_kernel
+    extra = {}
+    if n > 1 and fwd_kernel() == "super":  # DPX_KERNEL_FWD=super: both of chunk_super's kernels, vs fwd_h + fwd_o
+        from dpx.kernels.delta_product.chunk_super import chunk_dp_fwd_h_o_super
+        extra["fwd_h + fwd_o (super-chunks)"] = bench(lambda: chunk_dp_fwd_h_o_super(q, k, w, u, kd, gamma, G, None,
+                                                                                   tab, sc, False, p))
     return {
+        **extra,
         "prepare (inv + wu)": bench(lambda: chunk_dp_fwd_prepare(k, v, beta, g, tab, p)),
         "inv (T = (I+A)^-1)": bench(lambda: chunk_dp_fwd_inv(k, beta, g, tab)),
         "wu (W, U, Kd from T; the backward's recompute)": bench(lambda: chunk_dp_fwd_wu(k, v, beta, G, t, tab, p)),

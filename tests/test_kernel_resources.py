@@ -72,3 +72,21 @@ def test_split_dqkwg_kernels_compile_for_sm90(tmp_path, dtype, dims, n):
     assert {x["d"] for x in launches} == {int(d) for d in dims.split(",")}
     for x in launches:
         assert x["fits"] and all(c.get("error") is None for c in x["configs"]), x
+
+
+@pytest.mark.parametrize("dtype,dims,n", [("bf16", "32,64,85,128,256", 2), ("fp32", "32,85,128", 3),
+                                          ("bf16", "64,128", 4)])
+def test_super_forward_kernels_compile_for_sm90(tmp_path, dtype, dims, n):
+    # DPX_KERNEL_FWD=super (opt-in): chunk_super's state walk and output kernels, every autotune config, at the GPU
+    # check's head dims: each compiles for sm_90 and fits its shared memory
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "DPX_KERNEL_BWD_FP32")}
+    env["DPX_KERNEL_FWD"] = "super"
+    r = subprocess.run([sys.executable, str(SCRIPT), "--dtypes", dtype, "--dims", dims, "--ns", str(n),
+                        "--kernels", "h_super,o_super", "--json", str(tmp_path / "r.json")],
+                       capture_output=True, text=True, env=env, timeout=1800)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    launches = json.loads((tmp_path / "r.json").read_text())["launches"]
+    assert {x["kernel"] for x in launches} == {"chunk_dp_fwd_kernel_h_super", "chunk_dp_fwd_kernel_o_super"}
+    assert {x["d"] for x in launches} == {int(d) for d in dims.split(",")}
+    for x in launches:
+        assert x["fits"] and all(c.get("error") is None for c in x["configs"]), x

@@ -191,6 +191,46 @@ def test_split_refused_on_hopper_before_triton_371(cap, version, force, refused,
         assert dqkwg_kernel(cuda) == "split"
 
 
+# DPX_KERNEL_FWD=super: the forward's states and outputs over super-chunks of n chunks (chunk_super.py: one state
+# per n chunks, <= 64 query rows against all n * 64 steps). n = 3 has 21-token chunks (63 tokens a super-chunk),
+# n = 4 16-token ones; varlen with a length-1 and an empty segment; K = 20 runs zero-padded; the backward is the
+# chunk path's, checked here through the same gradients.
+@pytest.mark.parametrize("n,gate,T,K,V,dtype,cu", [
+    (2, "rand", 37, 16, 16, torch.float32, None), (2, None, 70, 16, 16, torch.float32, None),
+    (3, "mixed", 50, 16, 16, torch.float32, None), (3, "zero", 23, 16, 16, torch.float32, None),
+    (4, "rand", 19, 16, 16, torch.float32, None), (8, "mixed", 21, 16, 16, torch.float32, None),
+    (2, "mixed", 31, 16, 16, torch.float32, torch.tensor([0, 1, 18, 18, 31])),
+    (3, "rand", 23, 20, 12, torch.float32, None), (3, "rand", 40, 32, 32, torch.float16, None)])
+def test_chunk_super_forward(n, gate, T, K, V, dtype, cu, monkeypatch):
+    from dpx.kernels.delta_product import chunk_super
+    from dpx.kernels.delta_product.chunk import fwd_kernel
+    monkeypatch.setenv("DPX_KERNEL_FWD", "super")
+    monkeypatch.setenv("DPX_KERNEL_BWD_FP32", "0")
+    assert fwd_kernel() == "super"
+    calls = []
+    sup = chunk_super.chunk_dp_fwd_h_o_super
+    monkeypatch.setattr(chunk_super, "chunk_dp_fwd_h_o_super", lambda *a: calls.append(1) or sup(*a))
+    run_case(1 if cu is not None else 2, T, 2, K, V, n, gate, dtype, cu=cu)
+    assert calls, "the super-chunk kernels did not run"
+
+
+@pytest.mark.parametrize("value,want", [("", "chunk"), ("chunk", "chunk"), ("super", "super")])
+def test_fwd_kernel_switch(value, want, monkeypatch):
+    from dpx.kernels.delta_product.chunk import fwd_kernel
+    monkeypatch.setenv("DPX_KERNEL_FWD", value)
+    assert fwd_kernel() == want
+    monkeypatch.setenv("DPX_KERNEL_FWD", "Super")
+    with pytest.raises(ValueError, match="DPX_KERNEL_FWD: expected chunk, super or unset"):
+        fwd_kernel()
+
+
+@pytest.mark.skipif(DEVICE == "cpu", reason="the interpreter has no bfloat16 arithmetic (numpy)")
+@pytest.mark.parametrize("n,gate", [(2, "rand"), (3, "mixed")])
+def test_chunk_super_bf16_real_compiler(n, gate, monkeypatch):
+    monkeypatch.setenv("DPX_KERNEL_FWD", "super")
+    run_case(2, 150, 2, 64, 64, n, gate, torch.bfloat16)
+
+
 @pytest.mark.parametrize("value", ["fused", ""])
 def test_dqkwg_kernel_default_is_fused(value, monkeypatch):
     from dpx.kernels.delta_product.chunk import dqkwg_kernel

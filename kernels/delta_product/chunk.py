@@ -42,6 +42,10 @@ def chunk_dp_fwd(q, k, v, g, beta, h0, tab, scale, output_final_state):
     prec = dot_precision(q.dtype)
     t, G, gamma = chunk_dp_fwd_inv(k, beta, g, tab)
     w, u, kd = chunk_dp_fwd_wu(k, v, beta, G, t, tab, prec)
+    if tab.n > 1 and fwd_kernel() == "super":  # opt-in: one state per n chunks (chunk_super.py)
+        from .chunk_super import chunk_dp_fwd_h_o_super
+        o, ht = chunk_dp_fwd_h_o_super(q, k, w, u, kd, gamma, G, h0, tab, scale, output_final_state, prec)
+        return o, ht, (t, G, gamma)
     h, v_new, ht = chunk_dp_fwd_h(w, u, kd, gamma, h0, tab, output_final_state, q.dtype, prec)
     o = chunk_dp_fwd_o(q, k, G, h, v_new, tab, scale, prec)
     return o, ht, (t, G, gamma)
@@ -64,6 +68,20 @@ def chunk_dp_bwd(q, k, v, g, beta, h0, do, dht, tab, scale, wy=None):
         from .chunk_bwd_split import chunk_dp_bwd_dqkwg_split as dqkwg
     dq, dk, dv, dbeta, dg = dqkwg(q, k, v, beta, G, t, h, dh, v_new, dv_new, do, tab, scale, g is not None, prec)
     return dq, dk, dv, dg, dbeta, dh0
+
+
+FWD_KERNELS = ("chunk", "super")
+
+
+def fwd_kernel() -> str:
+    """Which state/output kernels the forward runs at n_h > 1, read at each call from DPX_KERNEL_FWD: "chunk" (unset
+    or "chunk": chunk_h + chunk_o, one state per chunk, the default, verified on the H200) or "super" (chunk_super:
+    one state per n chunks and 64-row output tiles, fla's layout; opt-in, interpreter-verified, not yet run on a
+    GPU). The backward is the same either way."""
+    flag = os.environ.get("DPX_KERNEL_FWD", "")
+    if flag not in ("",) + FWD_KERNELS:
+        raise ValueError(f"DPX_KERNEL_FWD: expected chunk, super or unset, got {flag!r}")
+    return flag or "chunk"
 
 
 DQKWG_KERNELS = ("fused", "split")

@@ -46,6 +46,12 @@ class ChunkTable:
     chunk_bos: torch.Tensor   # [NC] int64: first token of each chunk (flattened index)
     chunk_len: torch.Tensor   # [NC] int32: tokens in each chunk (1..BT)
     seq_chunks: torch.Tensor  # [N+1] int64: chunk offsets of each sequence
+    # super-chunks (chunk_super.py, DPX_KERNEL_FWD=super): n consecutive chunks of one sequence (n * BT <= 64 tokens),
+    # the unit that path stores one state per and computes the output over
+    NSC: int = 0
+    sc_chunk0: torch.Tensor | None = None  # [NSC] int64: first chunk of each super-chunk
+    sc_len: torch.Tensor | None = None     # [NSC] int32: tokens in each super-chunk
+    seq_sc: torch.Tensor | None = None     # [N+1] int64: super-chunk offsets of each sequence
 
     def bt_tile(self, dtype: torch.dtype) -> int:
         """Rows of the query-side tiles for `dtype` data (query_tile); rows past a chunk's tokens are masked."""
@@ -64,9 +70,15 @@ def _build(bounds: np.ndarray, n: int, device: torch.device) -> ChunkTable:
     local = np.arange(NC) - np.repeat(seq_chunks[:-1], nch)
     chunk_bos = first + local * BT
     chunk_len = np.minimum(BT, np.repeat(bounds[1:], nch) - chunk_bos)
+    nsc = -(-nch // n)
+    seq_sc = np.concatenate([[0], np.cumsum(nsc)]).astype(np.int64)
+    sc_local = np.arange(int(seq_sc[-1])) - np.repeat(seq_sc[:-1], nsc)
+    sc_chunk0 = np.repeat(seq_chunks[:-1], nsc) + sc_local * n
+    sc_len = np.minimum(n * BT, np.repeat(bounds[1:], nsc) - chunk_bos[sc_chunk0] if NC else np.zeros(0, np.int64))
     t = lambda x, dt: torch.as_tensor(np.ascontiguousarray(x), dtype=dt).to(device, non_blocking=True)
     return ChunkTable(n, BT, len(lens), NC, int(bounds[-1]), t(chunk_bos, torch.int64), t(chunk_len, torch.int32),
-                      t(seq_chunks, torch.int64))
+                      t(seq_chunks, torch.int64), int(seq_sc[-1]), t(sc_chunk0, torch.int64), t(sc_len, torch.int32),
+                      t(seq_sc, torch.int64))
 
 
 @functools.lru_cache(maxsize=64)
