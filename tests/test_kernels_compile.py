@@ -1,6 +1,7 @@
-"""The chunk kernel under torch.compile: the custom ops dpx::chunk_dp_fwd / dpx::chunk_dp_bwd (kernels/delta_product/
-compiled.py) pass torch.library.opcheck, and a function that calls chunk_gated_delta_product compiles into one graph
-(fullgraph=True: no break at the kernel) with the eager path's outputs and gradients. TRITON_INTERPRET=1 on the CPU
+"""The chunk kernel under torch.compile: the custom ops dpx::chunk_dp_fwd / dpx::chunk_dp_bwd (the end of
+kernels/delta_product/chunk.py) register and pass torch.library.opcheck, and a function that calls
+chunk_gated_delta_product compiles into one graph (fullgraph=True: no break at the kernel) with the eager path's
+outputs and gradients. TRITON_INTERPRET=1 on the CPU
 (the kernels run in the interpreter; aot_eager, so no C++ compiler is needed); DPX_TEST_CUDA=1 runs them on a GPU.
 """
 import os
@@ -13,7 +14,7 @@ import torch
 
 from test_kernels_reference import make_inputs
 from dpx.kernels import chunk_gated_delta_product
-from dpx.kernels.delta_product.compiled import chunk_dp_bwd_op, chunk_dp_fwd_op
+from dpx.kernels.delta_product.chunk import CUSTOM_OP_ERROR, chunk_dp_bwd_op, chunk_dp_fwd_op
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # masked exp overflow in numpy
 DEVICE = "cuda" if os.environ.get("DPX_TEST_CUDA") else "cpu"
@@ -22,6 +23,10 @@ DEVICE = "cuda" if os.environ.get("DPX_TEST_CUDA") else "cpu"
 def _inputs(B, T, H, K, V, n, gate, N=None):
     q, k, v, beta, g, h0 = make_inputs(B, T, H, K, V, n, gate, N=N)
     return [None if x is None else x.float().to(DEVICE) for x in (q, k, v, g, beta, h0)]
+
+
+def test_custom_ops_registered():
+    assert CUSTOM_OP_ERROR is None and chunk_dp_fwd_op is not None and hasattr(torch.ops.dpx, "chunk_dp_fwd")
 
 
 @pytest.mark.parametrize("gate,h0,final", [("rand", True, True), (None, False, False)])
@@ -115,3 +120,24 @@ def test_compiled_mixer_is_one_graph_and_matches_eager(family, n, monkeypatch):
     assert torch.allclose(xc.grad, xr.grad, rtol=1e-4, atol=1e-5)
     for k, p in m.named_parameters():
         assert torch.allclose(p.grad, g_ref[k], rtol=1e-4, atol=1e-5), k
+
+
+def test_without_custom_ops_compile_breaks_the_graph_and_still_matches(monkeypatch):
+    # a torch that cannot register the ops (CUSTOM_OP_ERROR): compiled code calls the eager path behind a graph break
+    from dpx.kernels.delta_product import chunk
+    monkeypatch.setattr(chunk, "chunk_dp_fwd_op", None)
+    xs = _inputs(1, 9, 2, 16, 16, 2, "rand")
+
+    def f(q, k, v, g, beta, h0):
+        o, ht = chunk_gated_delta_product(q, k, v, g, beta, 2, initial_state=h0, output_final_state=True)
+        return o.sum() + ht.sum()
+
+    torch._dynamo.reset()
+    ref_x = [x.clone().requires_grad_() for x in xs]
+    got_x = [x.clone().requires_grad_() for x in xs]
+    ref, got = f(*ref_x), torch.compile(f, backend="aot_eager")(*got_x)
+    assert torch.allclose(got, ref, rtol=1e-5, atol=1e-5)
+    ref.backward()
+    got.backward()
+    for a, b in zip(ref_x, got_x):
+        assert torch.allclose(b.grad, a.grad, rtol=1e-4, atol=1e-5)

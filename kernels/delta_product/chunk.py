@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import os
 import warnings
+from typing import Optional
 
 import torch
+from torch import Tensor
 
 from ..utils import contiguous, dot_precision, next_pow2
-from .index import chunk_table
+from .index import BL, chunk_table, tokens_per_chunk
 from .naive import check_inputs, l2norm
 from .chunk_h import chunk_dp_bwd_dh, chunk_dp_fwd_h
 
@@ -184,7 +186,7 @@ class ChunkGatedDeltaProductFunction(torch.autograd.Function):
 
 def chunk_backward(saved, do, dht, tab, scale, cu_seqlens, need=(True,) * 6):
     """(dq, dk, dv, dg, dbeta, dh0) from the forward's saved (q, k, v, g, beta, h0, T, G, gamma): the backward of
-    ChunkGatedDeltaProductFunction and of the custom op dpx::chunk_dp_bwd (compiled.py). `need` says which of the
+    ChunkGatedDeltaProductFunction and of the custom op dpx::chunk_dp_bwd (below). `need` says which of the
     six inputs want a gradient (only the PyTorch backward at float32 head dim > 128 uses it)."""
     q, k, v, g, beta, h0, t, G, gamma = saved
     B, T, H, K = q.shape
@@ -209,7 +211,7 @@ def chunk_backward(saved, do, dht, tab, scale, cu_seqlens, need=(True,) * 6):
 
 def chunk_forward(q, k, v, g, beta, h0, tab, scale, output_final_state):
     """(o [B,T,H,V], final state or None, (T, G, gamma)) on [B,T,...] inputs: the forward of
-    ChunkGatedDeltaProductFunction and of the custom op dpx::chunk_dp_fwd (compiled.py)."""
+    ChunkGatedDeltaProductFunction and of the custom op dpx::chunk_dp_fwd (below)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     flat = lambda x, *s: None if x is None else x.reshape(*s)
@@ -236,7 +238,7 @@ def chunk_gated_delta_product(
 
     q [B,T,H,K]; k [B,T*n,H,K], v [B,T*n,H,V], beta [B,T*n,H] interleaved per token; g [B,T,H] log gate or None;
     initial_state [N,H,K,V]; cu_seqlens [N+1] token offsets (B = 1). Returns (o [B,T,H,V], final state float32).
-    Under torch.compile it runs as the custom ops dpx::chunk_dp_fwd / dpx::chunk_dp_bwd (compiled.py: the same
+    Under torch.compile it runs as the custom ops dpx::chunk_dp_fwd / dpx::chunk_dp_bwd (end of this file: the same
     kernels, opaque to the compiler, so the glue around them compiles into one graph); eagerly, as the
     autograd.Function below.
     """
@@ -250,9 +252,8 @@ def chunk_gated_delta_product(
     if g is not None:
         g = g.float()
     if torch.compiler.is_compiling():
-        from .compiled import chunk_dp_apply
-        run = lambda q, k, v, h0: chunk_dp_apply(q, k, v, g, beta, h0, cu_seqlens, num_householder, scale,
-                                                 output_final_state)
+        apply = chunk_dp_apply if chunk_dp_fwd_op is not None else _eager_behind_graph_break
+        run = lambda q, k, v, h0: apply(q, k, v, g, beta, h0, cu_seqlens, num_householder, scale, output_final_state)
     else:
         tab = chunk_table(B, T, num_householder, q.device, cu_seqlens, cu_seqlens_cpu)
         run = lambda q, k, v, h0: ChunkGatedDeltaProductFunction.apply(q, k, v, g, beta, h0, tab, scale,
@@ -270,3 +271,100 @@ def chunk_gated_delta_product(
     h0 = None if initial_state is None else pad(initial_state, (0, Vp - V, 0, Kp - K))
     o, ht = run(q, k, v, h0)
     return o[..., :V], (None if ht is None else ht[..., :K, :V])
+
+
+# -- under torch.compile: the kernel as two registered custom ops ---------------------------------------------------
+# So that torch.compile traces a model around the kernel in one graph:
+#     dpx::chunk_dp_fwd(q, k, v, g?, beta, h0?, cu_seqlens?, n, scale, output_final_state)
+#         -> (o [B,T,H,V], final state [N,H,K,V] float32 (or [0]), T [NC,H,64,64], G [NC,H,64], gamma [NC,H])
+#     dpx::chunk_dp_bwd(q, k, v, g?, beta, h0?, T, G, gamma, do, dht?, cu_seqlens?, n, scale)
+#         -> (dq, dk, dv, dg (or [0]), dbeta, dh0 (or [0]))
+# They run chunk_forward / chunk_backward, the bodies of the eager autograd.Function, on the same chunk table, so
+# compiled and eager training launch the same kernels. The compiler sees each op as one node: the fake (meta)
+# implementation gives the output shapes (for varlen input the number of chunks is data-dependent: an unbacked
+# size), and the autograd formula calls the backward op. Custom ops cannot return None, so absent outputs are [0]
+# tensors, mapped back to None. Registered at import; where this torch cannot register them (CUSTOM_OP_ERROR),
+# compiled code calls the eager path behind a graph break instead.
+
+def _table(q: Tensor, n: int, cu_seqlens: Optional[Tensor]):
+    B, T = q.shape[:2]
+    return chunk_table(B, T, n, q.device, cu_seqlens)
+
+
+def _register_ops():
+    @torch.library.custom_op("dpx::chunk_dp_fwd", mutates_args=())
+    def fwd_op(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], beta: Tensor, h0: Optional[Tensor],
+               cu_seqlens: Optional[Tensor], n: int, scale: float, output_final_state: bool
+               ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        c = lambda x: None if x is None else x.contiguous()
+        o, ht, (t, G, gamma) = chunk_forward(c(q), c(k), c(v), c(g), c(beta), c(h0), _table(q, n, cu_seqlens), scale,
+                                             output_final_state)
+        return o, (ht if ht is not None else q.new_empty(0, dtype=torch.float32)), t, G, gamma
+
+    @fwd_op.register_fake
+    def _(q, k, v, g, beta, h0, cu_seqlens, n, scale, output_final_state):
+        B, T, H, K = q.shape
+        V = v.shape[-1]
+        if cu_seqlens is None:
+            N, NC = B, B * (-(-T // tokens_per_chunk(n)))
+        else:
+            N, NC = cu_seqlens.shape[0] - 1, torch.library.get_ctx().new_dynamic_size()
+        o = q.new_empty(B, T, H, V)
+        ht = q.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else \
+            q.new_empty(0, dtype=torch.float32)
+        return (o, ht, k.new_empty(NC, H, BL, BL), q.new_empty(NC, H, BL, dtype=torch.float32),
+                q.new_empty(NC, H, dtype=torch.float32))
+
+    @torch.library.custom_op("dpx::chunk_dp_bwd", mutates_args=())
+    def bwd_op(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], beta: Tensor, h0: Optional[Tensor], t: Tensor,
+               G: Tensor, gamma: Tensor, do: Tensor, dht: Optional[Tensor], cu_seqlens: Optional[Tensor], n: int,
+               scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+        c = lambda x: None if x is None else x.contiguous()
+        saved = tuple(c(x) for x in (q, k, v, g, beta, h0, t, G, gamma))
+        dq, dk, dv, dg, dbeta, dh0 = chunk_backward(saved, c(do), c(dht), _table(q, n, cu_seqlens), scale, cu_seqlens)
+        e = lambda: q.new_empty(0, dtype=torch.float32)  # one per absent output: returns must not alias each other
+        return dq, dk, dv, (dg if dg is not None else e()), dbeta, (dh0 if dh0 is not None else e())
+
+    @bwd_op.register_fake
+    def _(q, k, v, g, beta, h0, t, G, gamma, do, dht, cu_seqlens, n, scale):
+        e = lambda: q.new_empty(0, dtype=torch.float32)
+        return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+                torch.empty_like(g) if g is not None else e(), torch.empty_like(beta),
+                torch.empty_like(h0) if h0 is not None else e())
+
+    def setup_context(ctx, inputs, output):
+        q, k, v, g, beta, h0, cu_seqlens, n, scale, output_final_state = inputs
+        _, _, t, G, gamma = output
+        ctx.save_for_backward(q, k, v, g, beta, h0, t, G, gamma, cu_seqlens)
+        ctx.n, ctx.scale, ctx.has_ht = n, scale, output_final_state
+        ctx.has_g, ctx.has_h0 = g is not None, h0 is not None
+        ctx.mark_non_differentiable(t, G, gamma)
+
+    def backward(ctx, do, dht, _dt, _dG, _dgamma):
+        q, k, v, g, beta, h0, t, G, gamma, cu_seqlens = ctx.saved_tensors
+        dq, dk, dv, dg, dbeta, dh0 = bwd_op(q, k, v, g, beta, h0, t, G, gamma, do, dht if ctx.has_ht else None,
+                                            cu_seqlens, ctx.n, ctx.scale)
+        return (dq, dk, dv, dg if ctx.has_g else None, dbeta, dh0 if ctx.has_h0 else None, None, None, None, None)
+
+    fwd_op.register_autograd(backward, setup_context=setup_context)
+    return fwd_op, bwd_op
+
+
+try:
+    chunk_dp_fwd_op, chunk_dp_bwd_op = _register_ops()
+    CUSTOM_OP_ERROR = None
+except Exception as e:  # noqa: BLE001 - a torch whose torch.library cannot: compile breaks the graph at the kernel
+    chunk_dp_fwd_op = chunk_dp_bwd_op = None
+    CUSTOM_OP_ERROR = f"{type(e).__name__}: {e}"
+
+
+def chunk_dp_apply(q, k, v, g, beta, h0, cu_seqlens, n: int, scale: float, output_final_state: bool):
+    """(o, final state or None), as ChunkGatedDeltaProductFunction.apply, through the custom ops."""
+    o, ht, _, _, _ = chunk_dp_fwd_op(q, k, v, g, beta, h0, cu_seqlens, n, scale, output_final_state)
+    return o, (ht if output_final_state else None)
+
+
+@torch.compiler.disable
+def _eager_behind_graph_break(q, k, v, g, beta, h0, cu_seqlens, n: int, scale: float, output_final_state: bool):
+    tab = chunk_table(q.shape[0], q.shape[1], n, q.device, cu_seqlens)
+    return ChunkGatedDeltaProductFunction.apply(q, k, v, g, beta, h0, tab, scale, output_final_state, cu_seqlens)

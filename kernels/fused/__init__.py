@@ -6,7 +6,7 @@
 
 Every op takes impl="auto" (Triton on CUDA, the PyTorch form elsewhere and while torch.compile traces: the compiler
 generates its own fused kernels for these elementwise/reduction chains, so the hand-fused ops are for eager mode;
-the delta kernel itself stays one custom op under compile, delta_product/compiled.py), "triton" or "torch";
+the delta kernel itself stays one custom op under compile, the end of delta_product/chunk.py), "triton" or "torch";
 `naive_*` are the references. Importing this package is cheap; triton is imported with the op modules, on first attribute access.
 """
 from __future__ import annotations
