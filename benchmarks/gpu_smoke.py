@@ -31,7 +31,7 @@ def inputs(B, T, H, K, n, seed=0):
     return q, k, v, gate, beta
 
 
-for n, K in [(2, 64), (3, 128), (2, 85)]:
+for n, K in [(2, 64), (3, 128)]:
     q, k, v, g, beta = inputs(2, 300, 4, K, n)
     os.environ["DPX_KERNEL_FWD"] = "chunk"
     o_c, h_c = chunk.chunk_gated_delta_product(q, k, v, g, beta, n, output_final_state=True)
