@@ -1,7 +1,8 @@
 """Seconds-long GPU smoke test of the paths added since the last acceptance check (no fla, no wheels needed):
 the custom ops register on this torch, a compiled call (aot_eager, fullgraph) matches eager, and the opt-in
 super-chunk forward (DPX_KERNEL_FWD=super) matches the default forward and the float32 PyTorch form.
-    python3 benchmarks/gpu_smoke.py        # on the GPU machine, from the repository root"""
+    python3 benchmarks/gpu_smoke.py        # on the GPU machine, from the repository root
+    SMOKE_DEVICE=cpu TRITON_INTERPRET=1 python3 benchmarks/gpu_smoke.py   # the script itself, on the CPU (float32)"""
 import os
 import sys
 import types
@@ -17,7 +18,8 @@ from dpx.kernels.delta_product.torch_chunk import torch_chunk_gated_delta_produc
 
 print("torch", torch.__version__, "custom ops:", "registered" if chunk.CUSTOM_OP_ERROR is None else chunk.CUSTOM_OP_ERROR,
       flush=True)
-dev, dt = "cuda", torch.bfloat16
+dev = os.environ.get("SMOKE_DEVICE", "cuda")
+dt = torch.bfloat16 if dev == "cuda" else torch.float32  # the interpreter has no bfloat16 arithmetic
 rel = lambda a, b: ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
