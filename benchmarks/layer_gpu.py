@@ -23,6 +23,8 @@ interrupts a measurement that runs past it; every file is rewritten after each r
            --layer-iters) and the LM training step's tokens/s (bf16 autocast, float32 CE, backward, fused AdamW;
            median of --steps after --warmup), peak memory of each; dpx (fused, and the plain path's layer time)
            beside the same LM with fla's GatedDeltaProduct as every mixer.  -> $OUT/lm_throughput_<device>.json
+           --compile adds the dpx model (and mixer) under torch.compile: the kernel as its custom op, the glue
+           fused by the compiler (row key dpx_compiled, compiled_over_eager, compiled_over_fla).
 fla's gated backward raises on Hopper with Triton >= 3.4, < 3.7.1 (fla issue #640); its gated rows are skipped
 before building and a gated dpx row is compared with fla's non-gated row of the same shape and n_h
 (`fla_variant` in the row says which). fla's first-call autotuning took 233 s for one shape: `--fla-configs N`
@@ -779,10 +781,12 @@ def profile_markdown(profiles: dict, title: str, top: int = 25) -> str:
 
 # -- part 3: measurements ------------------------------------------------------------------------------------------
 
-def measure_one(cfg, impl, shape, device, args, t_end, plain_layer: bool) -> dict:
+def measure_one(cfg, impl, shape, device, args, t_end, plain_layer: bool, compiled: bool = False) -> dict:
+    """One model's layer and LM timings. compiled: the same dpx model under torch.compile (--compile: the kernel as
+    its custom op, the glue fused by the compiler), the mixer compiled alone for the layer timing."""
     import torch
     B, T = SHAPES[shape]["batch_size"], SHAPES[shape]["seq_len"]
-    r = {"impl": impl}
+    r = {"impl": impl + (" compiled" if compiled else "")}
     model = None
     t0 = time.time()
     try:
@@ -798,6 +802,10 @@ def measure_one(cfg, impl, shape, device, args, t_end, plain_layer: bool) -> dic
                 from dpx.kernels.delta_product.chunk import backward_path
                 r["dpx_backward"] = backward_path(torch.bfloat16, c.num_householder, c.key_dim)
             mixer = model.layers[0].attn
+            if compiled:
+                backend = getattr(args, "compile_backend", "inductor")
+                mixer = torch.compile(mixer, backend=backend)
+                model = torch.compile(model, backend=backend)
             step, _, _ = layer_step(mixer, B, T, c.hidden_size, device)
             r["layer"] = time_fn(step, 2, args.layer_iters, device)
             r["layer"]["ms"] = 1e3 * r["layer"]["median_s"]
@@ -844,6 +852,13 @@ def summarize(row: dict, fla_row: dict | None) -> None:
     pl = _get(d, "layer_plain", "ms")
     row["layer_fused_over_plain"] = pl / dl if dl and pl else None
     row["peak_gib"] = {"dpx": _get(d, "model", "peak_gib"), "fla": _get(f, "model", "peak_gib")}
+    c = row.get("dpx_compiled") or {}
+    ct = _get(c, "model", "tokens_per_s")
+    if c:  # --compile: the compiled model beside the eager one and fla's
+        row["compiled_over_eager"] = ct / dt if ct and dt else None
+        row["compiled_over_fla"] = ct / ft if ct and ft else None
+        cl = _get(c, "layer", "ms")
+        row["layer_compiled_over_eager"] = dl / cl if dl and cl else None
 
 
 def table(rows: list) -> str:
@@ -853,6 +868,9 @@ def table(rows: list) -> str:
 
     def f(v, spec):
         return "-" if v is None else format(v, spec)
+    if any(r.get("dpx_compiled") for r in rows):  # --compile: the compiled model's tokens/s, beside eager and fla
+        lines[0] = lines[0].replace("| status |", "| compiled tok/s (/eager, /fla) | status |")
+        lines[1] += "---|"
     for r in rows:
         d, fl = r["dpx"], r.get("fla_ref") or {}
         pm = f"{f(_get(d, 'num_params') and d['num_params'] / 1e6, '.2f')}/" \
@@ -864,7 +882,10 @@ def table(rows: list) -> str:
                      f"{f(r.get('dpx_over_fla'), '.2f')} | {f(_get(d, 'layer', 'ms'), '.2f')} | "
                      f"{f(_get(d, 'layer_plain', 'ms'), '.2f')} | {f(_get(fl, 'layer', 'ms'), '.2f')} | "
                      f"{f(r.get('layer_dpx_over_fla'), '.2f')} | {f(r['peak_gib']['dpx'], '.1f')}/"
-                     f"{f(r['peak_gib']['fla'], '.1f')} | {st} |")
+                     f"{f(r['peak_gib']['fla'], '.1f')} | " +
+                     (f"{f(_get(r['dpx_compiled'], 'model', 'tokens_per_s'), ',.0f')} "
+                      f"({f(r.get('compiled_over_eager'), '.2f')}, {f(r.get('compiled_over_fla'), '.2f')}) | "
+                      if r.get("dpx_compiled") else ("- | " if "compiled tok/s" in lines[0] else "")) + f"{st} |")
     return "\n".join(lines)
 
 
@@ -888,6 +909,8 @@ def _rest_in_subprocess(plan, args, out: Path, t_end: float, warmup: dict | None
            str(args.layer_iters), "--fla-configs", str(args.fla_configs), "--device", args.device]
     if args.wheels:
         cmd += ["--wheels", args.wheels]
+    if args.compile:
+        cmd += ["--compile", "--compile-backend", args.compile_backend]
     print(f"[layer_gpu] a CUDA fault ended this process's GPU context: the remaining {len(plan)} rows in a fresh "
           "process", flush=True)
     with contextlib.suppress(Exception):
@@ -935,6 +958,9 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="", help="instead of --plan: these shapes x --variants")
     ap.add_argument("--variants", default="2,g2,1,g1,3,g3")
     ap.add_argument("--impls", default="dpx,fla")
+    ap.add_argument("--compile", action="store_true",
+                    help="also time the dpx model and mixer under torch.compile (row key dpx_compiled)")
+    ap.add_argument("--compile-backend", default="inductor", help="torch.compile backend for --compile")
     ap.add_argument("--profile-shape", default="fig4:2")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--warmup", type=int, default=2)
@@ -1046,7 +1072,8 @@ def main(argv=None) -> int:
                ",".join(f"{a}:{b}" for a, b in plan), "--profile-shape", args.profile_shape, "--warmup",
                str(args.warmup), "--steps", str(args.steps), "--layer-iters", str(args.layer_iters),
                "--fla-configs", str(args.fla_configs), "--device", args.device] + \
-            (["--wheels", args.wheels] if args.wheels else [])
+            (["--wheels", args.wheels] if args.wheels else []) + \
+            (["--compile", "--compile-backend", args.compile_backend] if args.compile else [])
         with contextlib.suppress(Exception):
             subprocess.run(cmd, timeout=max(1.0, left),
                            env={**os.environ, "DPX_LAYER_GPU_WARMUP": json.dumps(env.get("warmup") or {})})
@@ -1117,6 +1144,9 @@ def main(argv=None) -> int:
             why = canary(env, f"{shape}:{variant}:dpx")
             row["dpx"] = {"impl": "dpx", "status": why} if why else \
                 measure_one(cfg, "dpx", shape, device, args, t_end, plain_layer=True)
+            if args.compile and not why and row["dpx"].get("status") == "ok":
+                row["dpx_compiled"] = measure_one(cfg, "dpx", shape, device, args, t_end, plain_layer=False,
+                                                  compiled=True)
             fla_v = variant
             note = ""
             if "fla" in impls and not fla_err:

@@ -88,3 +88,14 @@ def test_cuda_fault_in_the_op_checks(tmp_path):
     assert not c["all_ok"] and "DPX_FUSED=0" in c["env"]["fused_disabled"]
     r = json.loads((tmp_path / "lm_throughput_cpu.json").read_text())
     assert r["rows"][0]["dpx"]["status"] == "ok"
+
+
+def test_cpu_dry_run_compiled_rows(tmp_path):
+    # --compile: the dpx model and mixer under torch.compile beside the eager ones (aot_eager here: no C++ compiler
+    # needed); the row gets dpx_compiled and the compiled/eager ratio, the table a column
+    r = _run(tmp_path, {}, "--plan", "tiny:2", "--compile", "--compile-backend", "aot_eager")
+    row = r["rows"][0]
+    c = row["dpx_compiled"]
+    assert c["status"] == "ok" and c["impl"] == "dpx compiled" and c["model"]["tokens_per_s"] > 0
+    assert c["layer"]["ms"] > 0 and row["compiled_over_eager"] > 0 and "layer_compiled_over_eager" in row
+    assert "compiled tok/s (/eager, /fla)" in (tmp_path / "lm_throughput_table.md").read_text()
