@@ -75,15 +75,20 @@ def chunk_dp_bwd(q, k, v, g, beta, h0, do, dht, tab, scale, wy=None):
 FWD_KERNELS = ("chunk", "super")
 
 
+def _env_choice(name: str, choices: tuple[str, ...]) -> str:
+    """The kernel switch `name` (read at each call): one of `choices`, the first when unset; loud on anything else."""
+    flag = os.environ.get(name, "")
+    if flag not in ("",) + choices:
+        raise ValueError(f"{name}: expected {', '.join(choices)} or unset, got {flag!r}")
+    return flag or choices[0]
+
+
 def fwd_kernel() -> str:
     """Which state/output kernels the forward runs at n_h > 1, read at each call from DPX_KERNEL_FWD: "chunk" (unset
     or "chunk": chunk_h + chunk_o, one state per chunk, the default, verified on the H200) or "super" (chunk_super:
     one state per n chunks and 64-row output tiles, fla's layout; opt-in, interpreter-verified, not yet run on a
     GPU). The backward is the same either way."""
-    flag = os.environ.get("DPX_KERNEL_FWD", "")
-    if flag not in ("",) + FWD_KERNELS:
-        raise ValueError(f"DPX_KERNEL_FWD: expected chunk, super or unset, got {flag!r}")
-    return flag or "chunk"
+    return _env_choice("DPX_KERNEL_FWD", FWD_KERNELS)
 
 
 DQKWG_KERNELS = ("fused", "split")
@@ -94,14 +99,12 @@ def dqkwg_kernel(device: torch.device | None = None) -> str:
     or "fused": chunk_bwd.chunk_dp_bwd_kernel_dqkwg, the default, verified on the H200) or "split" (the two kernels
     of chunk_bwd_split, fla's K-blocked + WY-backward split; opt-in). On a Hopper GPU with Triton < 3.7.1 "split"
     raises (split_refusal): its gradients are wrong there."""
-    flag = os.environ.get("DPX_KERNEL_DQKWG", "")
-    if flag not in ("",) + DQKWG_KERNELS:
-        raise ValueError(f"DPX_KERNEL_DQKWG: expected fused, split or unset, got {flag!r}")
-    if flag == "split" and device is not None:
+    choice = _env_choice("DPX_KERNEL_DQKWG", DQKWG_KERNELS)
+    if choice == "split" and device is not None:
         why = split_refusal(device)
         if why:
             raise RuntimeError(why)
-    return flag or "fused"
+    return choice
 
 
 def split_refusal(device: torch.device) -> str | None:
@@ -366,5 +369,5 @@ def chunk_dp_apply(q, k, v, g, beta, h0, cu_seqlens, n: int, scale: float, outpu
 
 @torch.compiler.disable
 def _eager_behind_graph_break(q, k, v, g, beta, h0, cu_seqlens, n: int, scale: float, output_final_state: bool):
-    tab = chunk_table(q.shape[0], q.shape[1], n, q.device, cu_seqlens)
-    return ChunkGatedDeltaProductFunction.apply(q, k, v, g, beta, h0, tab, scale, output_final_state, cu_seqlens)
+    return ChunkGatedDeltaProductFunction.apply(q, k, v, g, beta, h0, _table(q, n, cu_seqlens), scale,
+                                                output_final_state, cu_seqlens)

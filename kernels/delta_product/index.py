@@ -74,7 +74,7 @@ def _build(bounds: np.ndarray, n: int, device: torch.device) -> ChunkTable:
     seq_sc = np.concatenate([[0], np.cumsum(nsc)]).astype(np.int64)
     sc_local = np.arange(int(seq_sc[-1])) - np.repeat(seq_sc[:-1], nsc)
     sc_chunk0 = np.repeat(seq_chunks[:-1], nsc) + sc_local * n
-    sc_len = np.minimum(n * BT, np.repeat(bounds[1:], nsc) - chunk_bos[sc_chunk0] if NC else np.zeros(0, np.int64))
+    sc_len = np.minimum(n * BT, np.repeat(bounds[1:], nsc) - chunk_bos[sc_chunk0])
     t = lambda x, dt: torch.as_tensor(np.ascontiguousarray(x), dtype=dt).to(device, non_blocking=True)
     return ChunkTable(n, BT, len(lens), NC, int(bounds[-1]), t(chunk_bos, torch.int64), t(chunk_len, torch.int32),
                       t(seq_chunks, torch.int64), int(seq_sc[-1]), t(sc_chunk0, torch.int64), t(sc_len, torch.int32),

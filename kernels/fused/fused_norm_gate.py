@@ -15,6 +15,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from ..utils import fused_impl
+
 
 def naive_rms_norm_gated(x, weight, gate=None, eps: float = 1e-6):
     dt = x.dtype
@@ -26,8 +28,7 @@ def naive_rms_norm_gated(x, weight, gate=None, eps: float = 1e-6):
 
 
 def rms_norm_gated(x, weight, gate=None, eps: float = 1e-6, impl: str = "auto"):
-    if impl == "auto":  # under torch.compile the PyTorch form, which the compiler fuses itself (see __init__)
-        impl = "triton" if x.is_cuda and not torch.compiler.is_compiling() else "torch"
+    impl = fused_impl(impl, x)
     if impl == "torch":
         return naive_rms_norm_gated(x, weight, gate, eps)
     return RMSNormGatedFn.apply(x, weight, gate, eps)

@@ -14,6 +14,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from ..utils import fused_impl
+
 
 def naive_l2norm(x, group: int, activation: bool = False, eps: float = 1e-6):
     dt = x.dtype
@@ -26,8 +28,7 @@ def naive_l2norm(x, group: int, activation: bool = False, eps: float = 1e-6):
 
 
 def l2norm(x, group: int, activation: bool = False, eps: float = 1e-6, impl: str = "auto"):
-    if impl == "auto":  # under torch.compile the PyTorch form, which the compiler fuses itself (see __init__)
-        impl = "triton" if x.is_cuda and not torch.compiler.is_compiling() else "torch"
+    impl = fused_impl(impl, x)
     if x.shape[-1] % group:
         raise ValueError(f"l2norm: group={group} does not divide the {x.shape[-1]} channels")
     if impl == "torch":

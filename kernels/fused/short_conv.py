@@ -25,6 +25,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from ..utils import fused_impl
+
 
 def naive_causal_conv1d(x, weight, bias=None, cache=None, activation: bool = True, l2_group: int | None = None,
                         eps: float = 1e-6):
@@ -52,8 +54,7 @@ def naive_causal_conv1d(x, weight, bias=None, cache=None, activation: bool = Tru
 def causal_conv1d(x, weight, bias=None, cache=None, activation: bool = True, l2_group: int | None = None,
                   eps: float = 1e-6, impl: str = "auto"):
     """Fused form of `naive_causal_conv1d` (same contract). impl: "triton", "torch" or "auto" (Triton on CUDA)."""
-    if impl == "auto":  # under torch.compile the PyTorch form, which the compiler fuses itself (see __init__)
-        impl = "triton" if x.is_cuda and not torch.compiler.is_compiling() else "torch"
+    impl = fused_impl(impl, x)
     W = weight.shape[1]
     if l2_group and x.shape[-1] % l2_group:
         raise ValueError(f"causal_conv1d: l2_group={l2_group} does not divide the {x.shape[-1]} channels")

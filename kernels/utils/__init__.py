@@ -57,6 +57,14 @@ def launch(kernel, grid, *args, **kwargs):
         raise RuntimeError(f"DPX_KERNEL_FAULT {kernel_name(kernel)} config={cfg}: {e}") from e
 
 
+def fused_impl(impl: str, x: torch.Tensor) -> str:
+    """impl of a kernels/fused op: "auto" is Triton on CUDA, and the PyTorch form elsewhere or while torch.compile
+    traces (the compiler fuses that form itself; see kernels/fused/__init__)."""
+    if impl == "auto":
+        return "triton" if x.is_cuda and not torch.compiler.is_compiling() else "torch"
+    return impl
+
+
 def next_pow2(x: int, floor: int = 16) -> int:
     return max(floor, triton.next_power_of_2(x))
 
