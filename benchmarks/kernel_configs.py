@@ -48,26 +48,18 @@ def job(name, n, gated, out, lock_path, budget_s, small=False):
     import torch
     import triton
     sys.path.insert(0, HERE)
-    from kernels import inputs  # benchmarks/kernels.py: the same inputs as its stage table
+    from kernels import stage_inputs  # benchmarks/kernels.py: the same inputs as its stage table
     from dpx.kernels.delta_product import chunk_bwd as cb, chunk_h as ch, chunk_o as co, chunk_super as cs
     from dpx.kernels.delta_product import wy_fast as wf
-    from dpx.kernels.delta_product.index import chunk_table
     from dpx.kernels.utils import autotuner
 
     t0 = time.time()
     dev, dtype = ("cuda", torch.bfloat16) if torch.cuda.is_available() else ("cpu", torch.float32)
     B, T, H, K, V = (1, 64, 2, 32, 32) if small else (4, 4096, 16, 128, 128)  # small: the CPU plumbing test
-    q, k, v, g, beta = inputs(B, T, H, K, V, n, gated, dtype, dev)
-    q, k, v, beta = q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), beta.flatten(0, 1)
-    g = None if g is None else g.flatten(0, 1)
-    do = torch.randn_like(v[: q.shape[0]])
-    tab = chunk_table(B, T, n, dev)
-    sc, p = K ** -0.5, "tf32"
-    t, G, gamma = wf.chunk_dp_fwd_inv(k, beta, g, tab)
-    w, u, kd = wf.chunk_dp_fwd_wu(k, v, beta, G, t, tab, p)
-    h, vn, _ = ch.chunk_dp_fwd_h(w, u, kd, gamma, None, tab, False, dtype, p)
-    dvl = cb.chunk_dp_bwd_dv_local(q, k, G, do, tab, sc, p)
-    dh, dvn, _ = ch.chunk_dp_bwd_dh(q, do, w, kd, gamma, G, dvl, None, tab, sc, False, p)
+    x = stage_inputs(B, T, H, K, V, n, gated, dtype, dev)
+    q, k, v, g, beta, do, tab, sc, p = (x[nm] for nm in ("q", "k", "v", "g", "beta", "do", "tab", "sc", "p"))
+    w, u, kd, gamma, G, t, h, vn, dvl, dh, dvn = (x[nm] for nm in ("w", "u", "kd", "gamma", "G", "t", "h", "vn", "dvl",
+                                                                    "dh", "dvn"))
     hs = w.new_empty(tab.NSC, H, K, V, dtype=dtype)
     calls = {
         "inv": (wf.chunk_dp_fwd_kernel_inv, lambda: wf.chunk_dp_fwd_inv(k, beta, g, tab)),

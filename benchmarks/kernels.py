@@ -90,17 +90,13 @@ def decode_sweep(q, k, v, g, beta, n, S):
     return out
 
 
-def stage_times(B, T, H, K, V, n, gated, dtype, dev):
-    """Each forward and backward kernel timed on its own (ms), to see what limits the total. The per-chunk gradients
-    are the kernel(s) DPX_KERNEL_DQKWG selects (as chunk_dp_bwd does): the fused one, or the split pair (timed
-    together and each half alone)."""
-    from dpx.kernels.delta_product.chunk import dqkwg_kernel
-    from dpx.kernels.delta_product.chunk_bwd import chunk_dp_bwd_dqkwg, chunk_dp_bwd_dv_local
-    from dpx.kernels.delta_product.chunk_bwd_split import chunk_dp_bwd_dqkw, chunk_dp_bwd_dqkwg_split, chunk_dp_bwd_wy
+def stage_inputs(B, T, H, K, V, n, gated, dtype, dev) -> dict:
+    """The flat inputs and every intermediate of one forward + backward (the arguments each stage kernel takes),
+    for timing the stages alone (here and in kernel_configs.py)."""
+    from dpx.kernels.delta_product.chunk_bwd import chunk_dp_bwd_dv_local
     from dpx.kernels.delta_product.chunk_h import chunk_dp_bwd_dh, chunk_dp_fwd_h
-    from dpx.kernels.delta_product.chunk_o import chunk_dp_fwd_o
     from dpx.kernels.delta_product.index import chunk_table
-    from dpx.kernels.delta_product.wy_fast import chunk_dp_fwd_inv, chunk_dp_fwd_prepare, chunk_dp_fwd_wu
+    from dpx.kernels.delta_product.wy_fast import chunk_dp_fwd_prepare
     q, k, v, g, beta = inputs(B, T, H, K, V, n, gated, dtype, dev)
     q, k, v, beta = q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), beta.flatten(0, 1)
     g = None if g is None else g.flatten(0, 1)
@@ -111,6 +107,24 @@ def stage_times(B, T, H, K, V, n, gated, dtype, dev):
     h, vn, _ = chunk_dp_fwd_h(w, u, kd, gamma, None, tab, False, dtype, p)
     dvl = chunk_dp_bwd_dv_local(q, k, G, do, tab, sc, p)
     dh, dvn, _ = chunk_dp_bwd_dh(q, do, w, kd, gamma, G, dvl, None, tab, sc, False, p)
+    return dict(q=q, k=k, v=v, g=g, beta=beta, do=do, tab=tab, sc=sc, p=p, w=w, u=u, kd=kd, gamma=gamma, G=G, t=t,
+                h=h, vn=vn, dvl=dvl, dh=dh, dvn=dvn)
+
+
+def stage_times(B, T, H, K, V, n, gated, dtype, dev):
+    """Each forward and backward kernel timed on its own (ms), to see what limits the total. The per-chunk gradients
+    are the kernel(s) DPX_KERNEL_DQKWG selects (as chunk_dp_bwd does): the fused one, or the split pair (timed
+    together and each half alone)."""
+    from dpx.kernels.delta_product.chunk import dqkwg_kernel
+    from dpx.kernels.delta_product.chunk_bwd import chunk_dp_bwd_dqkwg, chunk_dp_bwd_dv_local
+    from dpx.kernels.delta_product.chunk_bwd_split import chunk_dp_bwd_dqkw, chunk_dp_bwd_dqkwg_split, chunk_dp_bwd_wy
+    from dpx.kernels.delta_product.chunk_h import chunk_dp_bwd_dh, chunk_dp_fwd_h
+    from dpx.kernels.delta_product.chunk_o import chunk_dp_fwd_o
+    from dpx.kernels.delta_product.wy_fast import chunk_dp_fwd_inv, chunk_dp_fwd_prepare, chunk_dp_fwd_wu
+    x = stage_inputs(B, T, H, K, V, n, gated, dtype, dev)
+    q, k, v, g, beta, do, tab, sc, p = (x[nm] for nm in ("q", "k", "v", "g", "beta", "do", "tab", "sc", "p"))
+    w, u, kd, gamma, G, t, h, vn, dvl, dh, dvn = (x[nm] for nm in ("w", "u", "kd", "gamma", "G", "t", "h", "vn", "dvl",
+                                                                    "dh", "dvn"))
     ug = g is not None
     if dqkwg_kernel(torch.device(dev)) == "split":  # refused where its gradients are wrong (split_refusal)
         _, dko, dw, dgp = chunk_dp_bwd_dqkw(q, k, G, h, dh, vn, dvn, do, tab, sc, ug, p)
