@@ -60,7 +60,6 @@ def job(name, n, gated, out, lock_path, budget_s, small=False):
     q, k, v, g, beta, do, tab, sc, p = (x[nm] for nm in ("q", "k", "v", "g", "beta", "do", "tab", "sc", "p"))
     w, u, kd, gamma, G, t, h, vn, dvl, dh, dvn = (x[nm] for nm in ("w", "u", "kd", "gamma", "G", "t", "h", "vn", "dvl",
                                                                     "dh", "dvn"))
-    hs = w.new_empty(tab.NSC, H, K, V, dtype=dtype)
     calls = {
         "inv": (wf.chunk_dp_fwd_kernel_inv, lambda: wf.chunk_dp_fwd_inv(k, beta, g, tab)),
         "wu": (wf.chunk_dp_fwd_kernel_wu, lambda: wf.chunk_dp_fwd_wu(k, v, beta, G, t, tab, p)),
@@ -72,13 +71,15 @@ def job(name, n, gated, out, lock_path, budget_s, small=False):
         "dqkwg": (cb.chunk_dp_bwd_kernel_dqkwg,
                   lambda: cb.chunk_dp_bwd_dqkwg(q, k, v, beta, G, t, h, dh, vn, dvn, do, tab, sc, g is not None, p)),
     }
-    if n > 1:  # the super-chunk pair, each alone (the output kernel reads the states the walk stored)
+    if n > 1 and name in ("h_super", "o_super"):  # the super-chunk pair, each alone
         from dpx.kernels.utils import launch, next_pow2
         from dpx.kernels.delta_product.index import BL, query_tile
+        hs = w.new_empty(tab.NSC, H, K, V, dtype=dtype)
         hsup = lambda: launch(cs.chunk_dp_fwd_kernel_h_super, lambda m: (triton.cdiv(V, m["BV"]), tab.N * H),
                               w, u, kd, gamma, None, hs, vn, None, tab.seq_chunks, tab.seq_sc, H=H, K=K, V=V, BL=BL,
                               BK=next_pow2(K), NS=n, PREC=p)
-        hsup()
+        if name == "o_super":
+            hsup()  # the states the output kernel reads (only here: every other job would tune this walk for nothing)
         o = q.new_empty(q.shape[0], H, V)
         calls["h_super"] = (cs.chunk_dp_fwd_kernel_h_super, hsup)
         calls["o_super"] = (cs.chunk_dp_fwd_kernel_o_super, lambda: launch(

@@ -35,11 +35,11 @@ def test_summary_names_the_best_candidate_and_its_ratio():
 def test_cpu_interpreter_run(tmp_path):
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     r = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--small", "--ns", "2", "--jobs", "2",
-                        "--budget-s", "1", "--kernels", "wu,dqkwg"], capture_output=True, text=True, env=env,
+                        "--budget-s", "1", "--kernels", "wu,dqkwg,o_super"], capture_output=True, text=True, env=env,
                        timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     rows = [json.loads(x) for x in (tmp_path / "kernel_configs.jsonl").read_text().splitlines()]
-    for key in [("wu", False), ("dqkwg", False), ("dqkwg", True)]:
+    for key in [("wu", False), ("dqkwg", False), ("dqkwg", True), ("o_super", False)]:
         mine = [x for x in rows if (x["kernel"], x["gated"]) == key]
         assert any(x["config"] == "autotuned" and x["ms"] > 0 for x in mine), mine
         assert any(x["config"] != "autotuned" and "ms" in x for x in mine), mine  # at least one pinned candidate
