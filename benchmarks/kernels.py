@@ -261,6 +261,7 @@ def main():
                     help="DPX_KERNEL_BWD_FP32 for the timed backward: 0 = the 16-bit kernels (default here: they are "
                          "what is benchmarked), 1 = the float32 backward, default = the library's choice per n_h")
     args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)  # --out $OUT/sub: the folder may not exist yet (lost a GPU call once)
     if args.autotune_cache:
         import tarfile
         with tarfile.open(args.autotune_cache) as tf:

@@ -924,6 +924,23 @@ def _rest_in_subprocess(plan, args, out: Path, t_end: float, warmup: dict | None
     return rows
 
 
+def resumed_rows(path: str, compiled: bool) -> tuple[dict, dict]:
+    """({"shape:variant": row}, {"shape:variant": fla row}) of an earlier JSON's finished rows: dpx measured (and
+    compiled, under --compile) and fla measured, refused or absent; rows that a budget or a fault cut short (a
+    status "not finished: ..." or "failed: ...") are measured again."""
+    if not path:
+        return {}, {}
+    rep = json.loads(Path(path).read_text())
+    ok = lambda r: isinstance(r, dict) and r.get("status") == "ok"
+    cut = lambda r: isinstance(r, dict) and str(r.get("status", "")).startswith(("not finished", "failed"))
+    fla = {k: r for k, r in rep.get("fla_rows", {}).items() if ok(r)}
+    rows = {}
+    for r in rep.get("rows", []):
+        if ok(r.get("dpx")) and (not compiled or ok(r.get("dpx_compiled"))) and not cut(r.get("fla_ref")):
+            rows[f"{r['shape']}:{r['variant']}"] = r
+    return rows, fla
+
+
 def _plan(args) -> list:
     if args.plan:
         return [tuple(p.split(":")) for p in args.plan.split(",")]
@@ -972,6 +989,8 @@ def main(argv=None) -> int:
     ap.add_argument("--precompile-jobs", type=int, default=18, help="parallel compile warm-up workers (0: none)")
     ap.add_argument("--precompile-s", type=float, default=120.0, help="warm-up workers are killed this many "
                     "seconds after the start")
+    ap.add_argument("--resume", default="", help="a JSON this script wrote: its finished rows are kept and not "
+                    "measured again (nor warmed up), so a plan longer than one GPU call runs over several")
     ap.add_argument("--_warm", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     os.environ.setdefault("TRITON_CACHE_DIR", str(Path(tempfile.gettempdir()) / "dpx_layer_gpu_triton"))
@@ -1000,6 +1019,11 @@ def main(argv=None) -> int:
     env.update(fla_error=fla_err, fla_layer=FLA_SOURCE["layer"], args=vars(args))
     print(f"[layer_gpu] {json.dumps(env)}", flush=True)
     plan = _plan(args)
+    kept, kept_fla = resumed_rows(args.resume, args.compile)
+    if kept:
+        plan = [p for p in plan if f"{p[0]}:{p[1]}" not in kept]
+        print(f"[layer_gpu] --resume: {len(kept)} finished rows kept from {args.resume}; {len(plan)} to measure",
+              flush=True)
     warm = None
     if os.environ.get("DPX_LAYER_GPU_WARMUP"):  # a fresh process after a fault: the parent's warm-up results
         with contextlib.suppress(Exception):
@@ -1012,7 +1036,8 @@ def main(argv=None) -> int:
             specs.append(f"{shape}:{variant}:dpx")
             if "fla" in impls and not fla_err:
                 fv = variant[1:] if variant.startswith("g") and fla_refuses_gated(device) else variant
-                specs.append(f"{shape}:{fv}:fla")
+                if f"{shape}:{fv}" not in kept_fla:
+                    specs.append(f"{shape}:{fv}:fla")
         warm = WarmPool(list(dict.fromkeys(specs)), args, min(t_end, t_start + args.precompile_s))
         print(f"[layer_gpu] compile warm-up: {len(dict.fromkeys(specs))} workers, {args.precompile_jobs} at a time",
               flush=True)
@@ -1130,7 +1155,9 @@ def main(argv=None) -> int:
         print(f"[layer_gpu] profile written ({time.time() - t0:.0f} s)", flush=True)
 
     if "measure" in parts:
-        report = {"env": env, "rows": [], "fla_rows": {}}
+        report = {"env": env, "rows": list(kept.values()), "fla_rows": dict(kept_fla)}
+        if kept:
+            env["resumed_from"] = {"file": args.resume, "rows": list(kept)}
         name = out / f"lm_throughput_{'h200' if 'H200' in env.get('gpu', '') else device.type}.json"
         fla_rows = report["fla_rows"]
         for i_row, (shape, variant) in enumerate(plan):

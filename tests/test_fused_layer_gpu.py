@@ -99,3 +99,38 @@ def test_cpu_dry_run_compiled_rows(tmp_path):
     assert c["status"] == "ok" and c["impl"] == "dpx compiled" and c["model"]["tokens_per_s"] > 0
     assert c["layer"]["ms"] > 0 and row["compiled_over_eager"] > 0 and "layer_compiled_over_eager" in row
     assert "compiled tok/s (/eager, /fla)" in (tmp_path / "lm_throughput_table.md").read_text()
+
+
+def test_resume_keeps_finished_rows_and_measures_the_rest(tmp_path):
+    # a plan longer than one GPU call: the second run keeps the first run's finished rows and measures only the rest
+    first = _run(tmp_path / "a", {}, "--plan", "tiny:2")
+    assert first["rows"][0]["dpx"]["status"] == "ok"
+    p = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path / "b"), "--device", "cpu", "--parts",
+                        "measure", "--plan", "tiny:2,tiny:1", "--warmup", "1", "--steps", "1", "--layer-iters", "1",
+                        "--resume", str(tmp_path / "a" / "lm_throughput_cpu.json")],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "1 finished rows kept" in p.stdout and "[layer_gpu] tiny:2 (" not in p.stdout and "tiny:1 (" in p.stdout
+    r = json.loads((tmp_path / "b" / "lm_throughput_cpu.json").read_text())
+    assert [(x["shape"], x["variant"]) for x in r["rows"]] == [("tiny", "2"), ("tiny", "1")]
+    assert r["rows"][0] == first["rows"][0] and r["env"]["resumed_from"]["rows"] == ["tiny:2"]
+
+
+def test_resumed_rows_drops_rows_cut_short(tmp_path):
+    sys.path.insert(0, str(SCRIPT.parent))
+    import layer_gpu
+    ok = {"status": "ok"}
+    rep = {"fla_rows": {"fig4:2": ok, "fig4:1": {"status": "not finished: budget spent before start"}},
+           "rows": [{"shape": "fig4", "variant": "2", "dpx": ok, "dpx_compiled": ok, "fla_ref": ok},
+                    {"shape": "fig4", "variant": "g2", "dpx": ok, "dpx_compiled": ok, "fla_ref": ok},
+                    {"shape": "fig4", "variant": "1", "dpx": ok, "dpx_compiled": {"status": "not finished: x"},
+                     "fla_ref": {"status": "not finished: y"}},
+                    {"shape": "fig4", "variant": "3", "dpx": {"status": "failed: CUDA"}},
+                    {"shape": "tiny", "variant": "2", "dpx": ok, "dpx_compiled": ok}]}  # fla absent
+    f = tmp_path / "r.json"
+    f.write_text(json.dumps(rep))
+    rows, fla = layer_gpu.resumed_rows(str(f), compiled=True)
+    assert list(rows) == ["fig4:2", "fig4:g2", "tiny:2"] and list(fla) == ["fig4:2"]
+    rows, _ = layer_gpu.resumed_rows(str(f), compiled=False)
+    assert list(rows) == ["fig4:2", "fig4:g2", "tiny:2"]  # fig4:1's fla was cut short: measured again
+    assert layer_gpu.resumed_rows("", True) == ({}, {})
