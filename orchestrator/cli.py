@@ -508,6 +508,8 @@ def compare(name: str = typer.Argument(..., help="paper table or figure: table2,
 @app.command(epilog="Examples:  `dpx report quickstart` · `dpx report recipes/fig5_state_tracking.yaml --out f5.html`")
 def report(recipe: str = typer.Argument(..., help="recipe file or name", autocompletion=_complete_recipe),
            out_html: Optional[str] = typer.Option(None, "--out", help="HTML file (default <workspace>/reports/RECIPE.html)"),
+           trial_figures: int = typer.Option(40, "--trial-figures", min=0,
+                                             help="figures from the run dirs to embed (0: tables and plots only)"),
            workspace: Optional[str] = WS_OPT):
     """One self-contained HTML file: the paper's tables and figures beside ours."""
     ws = _ws(workspace, must_exist=True)
@@ -523,7 +525,7 @@ def report(recipe: str = typer.Argument(..., help="recipe file or name", autocom
     path = Path(out_html) if out_html else ws.root / "reports" / f"{name}.html"
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        p = rreport(db, name, path)
+        p = rreport(db, name, path, max_trial_figures=trial_figures)
     except NothingToReport as e:
         _fail(f"report: {e}", 1)
     out.print(f"report: {p}")
@@ -574,7 +576,7 @@ def sync(workspace: Optional[str] = WS_OPT):
 def repair(workspace: Optional[str] = WS_OPT):
     """Rebuild the state store from the run dirs after state.db was lost or damaged (completed trials stay done;
     their MLflow runs are found again, not duplicated)."""
-    ws = Workspace.resolve(workspace)
+    ws = Workspace.resolve(workspace or _GLOBAL["workspace"])  # `dpx -w DIR repair` as every other command
     if ws.root.exists() and not ws.root.is_dir():
         _fail(f"{ws.root}: not a folder (--workspace and $DPX_WORKSPACE name a workspace folder)")
     if not ws.runs.is_dir():

@@ -31,6 +31,7 @@ TITLES = {
     "fig5": "Fig. 5: what fits the training range: n_h for one layer, layers for n_h = 1",
     "fig8": "Fig. 8: per-position loss inside vs beyond the training context",
     "fig9": "Fig. 9: effective rank per head inside vs beyond the training context",
+    "fig12": "Fig. 12: beta in [0, 1], the negative control: what still fits the training range",
     "baselines": "Baselines (seed 001 table 8-5) on state tracking: what each architecture fits, beside theory",
     "fig7": "Figs. 7 / 13: did a head learn a rotation (two betas near 2, keys in a 3-D subspace, one head of 12)?",
 }
@@ -184,6 +185,30 @@ def _fig5(con, where: str) -> Comparison:
     notes += [f"{c['text']} ({c['source']})" for c in reference.load_figures()["fig5"]["claims"]]
     notes += reference.load_figures()["fig5"].get("differences", [])
     return Comparison("fig5", TITLES["fig5"], header, rows, notes, status_column=len(header) - 2)
+
+
+def _fig12(con, where: str) -> Comparison:
+    data = _fetch(con, views.fig12(where))
+    spec = reference.load_figures()["fig12"]
+    header = ["group", "runs", "one-layer n_h that fit ours", "paper", "n_h tried", "n_h=1 layers that fit ours",
+              "layers tried", "best len@acc>=0.9", "beta [-1,1]: one-layer n_h that fit", "best len@acc>=0.9 [-1,1]",
+              "status"]
+    none = lambda fit, tried: (",".join(str(x) for x in fit) if fit else "none") if tried else None
+    rows = []
+    for r in data:
+        fit, fit_l = r["fit_n_h_01"], r["fit_layers_01"]
+        agrees = not fit  # the paper: no one-layer model holds the training range with beta in [0, 1]
+        pos = none(r["fit_n_h_11"], r["n_runs_11"])
+        rows.append([r["group_name"], r["n_runs"], none(fit, r["n_h_tried_01"]), "none", r["n_h_tried_01"],
+                     none(fit_l, r["layers_tried_01"]), r["layers_tried_01"], r["best_max_len_acc90_01"],
+                     pos if r["n_runs_11"] else "no run", r["best_max_len_acc90_11"],
+                     "agrees" if agrees else "differs: a one-layer beta [0,1] model fits"])
+    notes = ["fits = prefix accuracy >= 0.9 at the training length; the [-1,1] columns are this workspace's Fig. 5 "
+             "runs (recipes/fig5_state_tracking.yaml), the positive the control is read against"]
+    notes += [f"paper: {c['text']} ({c['source']})" for c in spec["claims"]]
+    if not data:
+        notes.insert(0, f"{NO_RUN}: no completed state-tracking trial with beta in [0, 1] (recipes/fig12_beta01.yaml)")
+    return Comparison("fig12", TITLES["fig12"], header, rows, notes, status_column=len(header) - 1)
 
 
 def _figure(con, name: str, where: str) -> Comparison:
@@ -363,7 +388,7 @@ def _fig7(con, where: str) -> Comparison:
 
 
 def compare(db_path: str | os.PathLike, name: str, recipe: str | None = None) -> Comparison:
-    """Ours beside the paper's for `name` (table2..table5, fig4, fig5, fig7, fig8, fig9, baselines), optionally one recipe
+    """Ours beside the paper's for `name` (table2..table5, fig4, fig5, fig7, fig8, fig9, fig12, baselines), optionally one recipe
     only. The notes end with the settings where our runs differ from the paper's (PAPER_SETTINGS)."""
     reference.check_name(name)
     where = views.recipe_filter(recipe)
@@ -380,6 +405,10 @@ def compare(db_path: str | os.PathLike, name: str, recipe: str | None = None) ->
         elif name == "fig5":
             c = _fig5(con, where)
             _fig5_status(con, where, c.rows, c.status_column)
+        elif name == "fig12":
+            c = _fig12(con, where)
+            c.notes += _setting_notes(setting_differences(con, "fig5", where, _TRIAL_FILTERS["fig5"]))
+            return c
         else:
             c = _figure(con, name, where)
         c.notes += _setting_notes(setting_differences(con, name, where, _TRIAL_FILTERS.get(name, "FALSE")))

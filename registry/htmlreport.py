@@ -21,7 +21,7 @@ from . import plots, views
 from .comparison import Comparison, compare, fmt
 from .db import connect
 
-ORDER = ("table2", "table3", "table4", "table5", "fig5", "fig4", "fig8", "fig9")
+ORDER = ("table2", "table3", "table4", "table5", "fig5", "fig12", "fig4", "fig8", "fig9")
 MAX_TRIAL_FIGURES = 40
 MAX_FIGURE_BYTES = 3_000_000
 
@@ -152,7 +152,10 @@ def _setting(key: str, v) -> str:
     return plots.beta_label(str(v)) if key == "beta_range" else fmt(v)
 
 
-def report(db_path: str | os.PathLike, recipe: str, out_html: str | os.PathLike) -> Path:
+def report(db_path: str | os.PathLike, recipe: str, out_html: str | os.PathLike,
+           max_trial_figures: int = MAX_TRIAL_FIGURES) -> Path:
+    """Write the recipe's report to out_html; at most max_trial_figures figures from the run dirs (0: none, a page
+    of tables and plots only: the run dirs' probe images are ~0.2 MB each)."""
     e = html.escape
     con = connect(db_path)
     try:
@@ -220,12 +223,12 @@ def report(db_path: str | os.PathLike, recipe: str, out_html: str | os.PathLike)
         parts.append('<h2>Ingest warnings</h2><ul class="err" id="warnings">'
                      + "".join(f"<li>{e(t)}: {e(m)}</li>" for t, m in warns) + "</ul>")
     shown_figs = []
-    for tid, name, path, size, label in figs[:MAX_TRIAL_FIGURES]:
+    for tid, name, path, size, label in figs[:max_trial_figures]:
         if size <= MAX_FIGURE_BYTES and Path(path).is_file():
             shown_figs.append(f"<figure>{_img(Path(path), 'trialfig', f'trialfig-{tid}-{name}', name)}"
                               f"<figcaption>{e(tid)} ({e(str(label))}): {e(name)}</figcaption></figure>")
     if shown_figs:
-        more = f"<p>{len(figs) - MAX_TRIAL_FIGURES} more not shown.</p>" if len(figs) > MAX_TRIAL_FIGURES else ""
+        more = f"<p>{len(figs) - max_trial_figures} more not shown.</p>" if len(figs) > max_trial_figures else ""
         parts.append("<h2>Figures from the run dirs</h2>" + "".join(shown_figs) + more)
 
     doc = (f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>dpx report: {e(recipe)}</title>'

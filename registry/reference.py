@@ -12,9 +12,9 @@ from pathlib import Path
 REFERENCE_DIR = Path(__file__).with_name("reference")
 # Names users pass to `dpx compare`: every paper table/figure the registry knows.
 TABLES = ("table2", "table3", "table4", "table5", "fig5")
-FIGURES = ("fig4", "fig5", "fig7", "fig8", "fig9")
+FIGURES = ("fig4", "fig5", "fig7", "fig8", "fig9", "fig12")
 # baselines: seed 001's table 8-5 (every architecture) on the state-tracking groups, beside what theory expects
-KNOWN = ("table2", "table3", "table4", "table5", "fig4", "fig5", "fig7", "fig8", "fig9", "baselines")
+KNOWN = ("table2", "table3", "table4", "table5", "fig4", "fig5", "fig7", "fig8", "fig9", "fig12", "baselines")
 TEXT_COLUMNS = {"size", "tokens", "model", "beta_range", "group", "source", "note"}
 
 

@@ -110,6 +110,31 @@ FROM paper_fig5 p FULL OUTER JOIN ours o ON p."group" = o.group_name
 ORDER BY group_name"""
 
 
+def fig12(where: str = "TRUE") -> str:
+    # Fig. 12 (App. C.1): the Fig. 5 grid with beta in [0,1] (eigenvalues in [0,1]), the negative control. Per group:
+    # the one-layer n_h and the n_h = 1 depths that fit the training range with beta [0,1], beside the one-layer n_h
+    # that fit with beta [-1,1] in the same workspace (the fig5 recipe's runs), so the control reads against its
+    # positive. Groups with no beta [0,1] run are left out.
+    return f"""
+WITH r AS (
+  SELECT *, coalesce(acc_at_train_len >= 0.9, max_len_acc90 >= coalesce(train_len, 128)) AS fits
+  FROM ({fig5_runs(where)}))
+SELECT group_name,
+  count(*) FILTER (WHERE beta_range = '[0,1]') AS n_runs,
+  list_sort(list(DISTINCT n_h) FILTER (WHERE beta_range = '[0,1]' AND num_layers = 1 AND fits)) AS fit_n_h_01,
+  list_sort(list(DISTINCT n_h) FILTER (WHERE beta_range = '[0,1]' AND num_layers = 1)) AS n_h_tried_01,
+  list_sort(list(DISTINCT num_layers) FILTER (WHERE beta_range = '[0,1]' AND n_h = 1 AND fits)) AS fit_layers_01,
+  list_sort(list(DISTINCT num_layers) FILTER (WHERE beta_range = '[0,1]' AND n_h = 1)) AS layers_tried_01,
+  max(max_len_acc90) FILTER (WHERE beta_range = '[0,1]') AS best_max_len_acc90_01,
+  count(*) FILTER (WHERE coalesce(beta_range, '[-1,1]') = '[-1,1]') AS n_runs_11,
+  list_sort(list(DISTINCT n_h) FILTER (WHERE coalesce(beta_range, '[-1,1]') = '[-1,1]' AND num_layers = 1 AND fits))
+    AS fit_n_h_11,
+  max(max_len_acc90) FILTER (WHERE coalesce(beta_range, '[-1,1]') = '[-1,1]') AS best_max_len_acc90_11
+FROM r GROUP BY group_name
+HAVING count(*) FILTER (WHERE beta_range = '[0,1]') > 0
+ORDER BY group_name"""
+
+
 def baselines(where: str = "TRUE") -> str:
     # One row per (architecture, group) of the state-tracking trials that name their family (the baselines recipe;
     # fig5's DeltaProduct trials too): the best length at accuracy >= 0.9 over the runs and seeds.
@@ -224,7 +249,7 @@ GROUP BY ALL ORDER BY t.trial_id"""
 PAPER_VIEWS = {
     "table2": table2, "table3": lambda where="TRUE": lm_table("table3", where),
     "table4": lambda where="TRUE": lm_table("table4", where), "table5": lambda where="TRUE": lm_table("table5", where),
-    "fig5_runs": fig5_runs, "fig5": fig5, "fig4": fig4, "fig8": fig8, "fig9": fig9,
+    "fig5_runs": fig5_runs, "fig5": fig5, "fig12": fig12, "fig4": fig4, "fig8": fig8, "fig9": fig9,
 }
 
 

@@ -66,6 +66,8 @@ def test_version_global_workspace_and_format_validation(tmp_path, dpx):
     p = _recipe(tmp_path)
     r = dpx("-w", str(tmp_path / "nows"), "status")  # global -w before the subcommand
     assert r.returncode == 2 and str(tmp_path / "nows") in r.stderr and not (tmp_path / "nows").exists()
+    r = dpx("-w", str(tmp_path / "nows"), "repair")  # repair too reads the global -w (it read only its own once)
+    assert r.returncode == 2 and str(tmp_path / "nows") in r.stderr and ".dpx" not in r.stderr
     r = dpx("expand", str(p), "--format", "parquet")  # a usage error is one line too, not click's box
     assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1
     assert r.stderr.startswith("error: dpx expand: Invalid value for '--format': 'parquet' is not one of")

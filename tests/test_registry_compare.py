@@ -178,6 +178,36 @@ def test_fig5_smallest_n_h_and_depth_that_fit(tmp_path):
     assert (rec["paper: min n_h (1 layer)"], rec["paper: min layers (n_h=1)"]) == (2, 3)
 
 
+def test_fig12_negative_control_beside_its_positive(tmp_path):
+    # Fig. 12: beta in [0,1]; the paper: no one-layer model holds the training length. S3 n_h=4 fitting with beta
+    # [0,1] is a disagreement; the beta [-1,1] runs of the same workspace (fig5) are the positive beside it
+    plan = [("fig12_beta01", False, "S3", 2, 1, 0.1), ("fig12_beta01", False, "S3", 4, 1, 0.95),
+            ("fig12_beta01", False, "S3", 1, 3, 0.2), ("fig12_beta01", False, "A5", 2, 1, 0.0),
+            ("fig5_state_tracking", True, "S3", 2, 1, 0.99), ("fig5_state_tracking", True, "S5", 4, 1, 0.99)]
+    trials = [make_trial(tmp_path, rec, f"{rec}-{g}-{n}-{l}", dp(n, layers=l, neg=neg),
+                         {"name": "word_problem", "group": g, "train_len": 32},
+                         summary={keys.ACC_AT_TRAIN_LEN: acc, keys.MAX_LEN_ACC90: 40 if acc >= .9 else 3})
+              for rec, neg, g, n, l, acc in plan]
+    db = tmp_path / "r.duckdb"
+    ingest(db, trials)
+    c = compare(db, "fig12")
+    col = {k: i for i, k in enumerate(c.columns)}
+    rows = {r[0]: r for r in c.rows}
+    assert set(rows) == {"S3", "A5"}  # S5 ran only with beta [-1,1]: no control row
+    s3, a5 = rows["S3"], rows["A5"]
+    assert (s3[col["runs"]], s3[col["one-layer n_h that fit ours"]], s3[col["n_h tried"]]) == (3, "4", [2, 4])
+    assert s3[col["n_h=1 layers that fit ours"]] == "none" and s3[col["layers tried"]] == [3]
+    assert s3[col["beta [-1,1]: one-layer n_h that fit"]] == "2" and s3[col["status"]].startswith("differs")
+    assert a5[col["one-layer n_h that fit ours"]] == "none" and a5[col["status"]] == "agrees"
+    assert a5[col["beta [-1,1]: one-layer n_h that fit"]] == "no run" and a5[col["layers tried"]] is None
+    only = compare(db, "fig12", recipe="fig12_beta01")  # one recipe: the positive is not in it
+    assert {r[0]: r[col["beta [-1,1]: one-layer n_h that fit"]] for r in only.rows} == {"S3": "no run", "A5": "no run"}
+    assert any("Fig. 12" in n for n in c.notes) and any("train length ours 32" in n for n in c.notes)
+    empty = tmp_path / "e.duckdb"
+    ingest(empty, [])
+    assert compare(empty, "fig12").rows == [] and NO_RUN in compare(empty, "fig12").notes[0]
+
+
 @pytest.mark.parametrize("name", sorted(KNOWN))
 def test_every_comparison_has_unique_machine_keys(tmp_path, name):
     db = tmp_path / "r.duckdb"

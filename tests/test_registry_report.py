@@ -99,6 +99,11 @@ def test_report_is_self_contained_with_tables_and_figures(tmp_path, demo):
     assert not re.search(r'(src|href)="(?!data:)', doc)  # nothing loaded from outside the file
     assert "NaN loss at step 7" in doc and "broken" in doc and "last line" in doc
     assert "no run yet" in doc  # paper rows we did not run are listed and marked
+    # max_trial_figures (`dpx report --trial-figures N`): the run dirs' figures left out or cut, the plots kept
+    bare = report(db, "demo", tmp_path / "out" / "bare.html", max_trial_figures=0).read_text()
+    assert len(re.findall(r'src="data:image/png;base64,', bare)) == 4 and "Figures from the run dirs" not in bare
+    one = report(db, "demo", tmp_path / "out" / "one.html", max_trial_figures=1).read_text()
+    assert len(re.findall(r'src="data:image/png;base64,', one)) == 5 and "1 more not shown" in one
 
 
 def test_report_without_finished_trials_says_so(tmp_path, demo):
