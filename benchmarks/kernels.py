@@ -236,6 +236,29 @@ def rel(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
 
 
+def reset_dpx_autotune() -> int:
+    """Forget every dpx kernel's autotuned picks, so the next call tunes at its own shape. The kernels' autotune keys
+    name head dims, head count and dtype, not the number of sequences or chunks: a pick made at the small shape of
+    the correctness check or the naive-loop row (B=1, T=1024) was reused at B=4, T=4096, where fwd_h at n_h = 3 then
+    took 0.568 ms against 0.408 for its best config (H200, session 9). A training run tunes at its own shape on its
+    first step, so each timed row starts fresh (--keep-autotune: the old behaviour). Returns the kernels reset."""
+    from triton.runtime.autotuner import Autotuner
+    n = 0
+    for name, mod in list(sys.modules.items()):
+        if not name.startswith("dpx.kernels") or mod is None:
+            continue
+        for obj in vars(mod).values():
+            seen = 0
+            while obj is not None and seen < 4:  # @heuristics wraps the Autotuner: follow .fn down to it
+                if isinstance(obj, Autotuner):
+                    if obj.cache:
+                        obj.cache.clear()
+                        n += 1
+                    break
+                obj, seen = getattr(obj, "fn", None), seen + 1
+    return n
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -260,6 +283,9 @@ def main():
     ap.add_argument("--bwd-fp32", choices=("0", "1", "default"), default="0",
                     help="DPX_KERNEL_BWD_FP32 for the timed backward: 0 = the 16-bit kernels (default here: they are "
                          "what is benchmarked), 1 = the float32 backward, default = the library's choice per n_h")
+    ap.add_argument("--keep-autotune", action="store_true",
+                    help="keep the autotuned picks across rows (default: reset before each timed row, see "
+                         "reset_dpx_autotune)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)  # --out $OUT/sub: the folder may not exist yet (lost a GPU call once)
     if args.autotune_cache:
@@ -354,6 +380,8 @@ def main():
         for n in parse(args.bwd_ns):
             for gated in (False, True):
                 for choice in dqkwgs:
+                    if not args.keep_autotune:
+                        reset_dpx_autotune()
                     st = with_dqkwg(choice, lambda: stage_times(B, T, H, K, V, n, gated, dtype, dev))
                     stages.append(dict(who="dpx", n=n, gated=gated, dqkwg=choice or "env", ms=st))
                     with open(os.path.join(args.out, "kernels_stages.jsonl"), "a") as f:
@@ -367,6 +395,8 @@ def main():
             ff = flops_fwd(B, T, H, K, V, n) / mm * 1e3
             row = dict(n=n, gated=gated, floor_bytes_ms=fb, floor_flops_ms=ff)
             xs = inputs(B, T, H, K, V, n, gated, dtype, dev)
+            if not args.keep_autotune:
+                row["autotune_reset"] = reset_dpx_autotune()
             with torch.no_grad():
                 row["ours_fwd"] = bench(lambda: chunk_gated_delta_product(*xs, n))
                 if fla_chunk is not None and n in parse(args.fla_ns):
