@@ -803,9 +803,12 @@ def measure_one(cfg, impl, shape, device, args, t_end, plain_layer: bool, compil
                 r["dpx_backward"] = backward_path(torch.bfloat16, c.num_householder, c.key_dim)
             mixer = model.layers[0].attn
             if compiled:
+                from dpx.models.compile import compile_model
                 backend = getattr(args, "compile_backend", "inductor")
+                scope = getattr(args, "compile_scope", "blocks")
                 mixer = torch.compile(mixer, backend=backend)
-                model = torch.compile(model, backend=backend)
+                model = compile_model(model, scope, backend=backend)  # the trainer's train.compile_scope
+                r["compile_scope"] = scope
             step, _, _ = layer_step(mixer, B, T, c.hidden_size, device)
             r["layer"] = time_fn(step, 2, args.layer_iters, device)
             r["layer"]["ms"] = 1e3 * r["layer"]["median_s"]
@@ -978,6 +981,9 @@ def main(argv=None) -> int:
     ap.add_argument("--compile", action="store_true",
                     help="also time the dpx model and mixer under torch.compile (row key dpx_compiled)")
     ap.add_argument("--compile-backend", default="inductor", help="torch.compile backend for --compile")
+    ap.add_argument("--compile-scope", default="blocks", choices=("blocks", "model"),
+                    help="--compile: each block compiled on its own (train.compile_scope's default) or the whole model "
+                         "(sessions 8-9 measured 'model')")
     ap.add_argument("--profile-shape", default="fig4:2")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--warmup", type=int, default=2)

@@ -13,6 +13,7 @@ _LAZY = {
     "build_model": ".lm", "load_pretrained": ".lm", "LanguageModel": ".lm", "LMOutput": ".lm",
     "mixers": ".mixers", "MIXERS": ".mixers", "get_mixer": ".mixers",
     "matching": ".matching", "param_report": ".matching", "count_params": ".matching", "num_params": ".matching",
+    "compile_model": ".compile",
 }
 
 

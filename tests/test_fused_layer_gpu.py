@@ -97,6 +97,7 @@ def test_cpu_dry_run_compiled_rows(tmp_path):
     row = r["rows"][0]
     c = row["dpx_compiled"]
     assert c["status"] == "ok" and c["impl"] == "dpx compiled" and c["model"]["tokens_per_s"] > 0
+    assert c["compile_scope"] == "blocks"  # train.compile_scope's default: each block compiled on its own
     assert c["layer"]["ms"] > 0 and row["compiled_over_eager"] > 0 and "layer_compiled_over_eager" in row
     assert "compiled tok/s (/eager, /fla)" in (tmp_path / "lm_throughput_table.md").read_text()
 

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from dpx.models.compile import compile_model
 from dpx.tasks.context import LAST_CHECKPOINT, Diverged, Preempted
 from dpx.tasks.training import distributed as dd
 from dpx.tasks.training.config import TrainConfig
@@ -218,8 +219,11 @@ def fit(model: nn.Module, cfg: TrainConfig | dict, ctx, *,
     if finished:
         return result()
 
+    if cfg.compile and cfg.compile_scope == "blocks":  # in place, before DDP: parameter names stay as they are
+        compile_model(model, "blocks")
     train_model = dd.wrap(model)  # DistributedDataParallel when the trial runs as several ranks
-    train_model = torch.compile(train_model) if cfg.compile else train_model
+    if cfg.compile and cfg.compile_scope == "model":
+        train_model = compile_model(train_model, "model")
     params = [p for p in model.parameters() if p.requires_grad]
     model.train()
     win_tokens, win_time, evaluated_at = 0, 0.0, -1
