@@ -162,10 +162,18 @@ def _paper_table(con, name: str, where: str) -> Comparison:
     return Comparison(name, TITLES[name], header, rows, notes, status_column=len(header) - 2)
 
 
+def _seed_fits(per_seed) -> str | None:
+    """'n_h=2: 1/2, n_h=4: 2/2' from the view's list of {n_h, n_fit, n_seeds} (None: no one-layer run)."""
+    if not per_seed:
+        return None
+    return ", ".join(f"n_h={d['n_h']}: {d['n_fit']}/{d['n_seeds']}" for d in per_seed)
+
+
 def _fig5(con, where: str) -> Comparison:
     data = _fetch(con, views.fig5(where))
     header = ["group", "runs", "min n_h (1 layer) ours", "paper", "delta", "n_h tried",
-              "min layers (n_h=1) ours", "paper", "delta", "layers tried", "best len@acc>=0.9", "status", "source"]
+              "min layers (n_h=1) ours", "paper", "delta", "layers tried", "best len@acc>=0.9",
+              "seeds that fit (1 layer)", "status", "source"]
     rows = []
     for r in data:
         ours_nh = r["ours_min_n_h_one_layer"]
@@ -180,8 +188,10 @@ def _fig5(con, where: str) -> Comparison:
         rows.append([r["group_name"], r["n_runs"], ours_nh, r["paper_min_n_h_one_layer"],
                      _delta(r["ours_min_n_h_one_layer"], r["paper_min_n_h_one_layer"]), r["n_h_tried"],
                      ours_l, paper_l, _delta(r["ours_min_layers_n_h1"], r["paper_min_layers_n_h1"]),
-                     r["layers_tried"], r["best_max_len_acc90"], _status(r["n_runs"], r["source"]), r["source"]])
-    notes = ["fits = prefix accuracy >= 0.9 at the training length (paper: train 128, test 512, beta [-1,1])"]
+                     r["layers_tried"], r["best_max_len_acc90"], _seed_fits(r.get("fits_per_seed")),
+                     _status(r["n_runs"], r["source"]), r["source"]])
+    notes = ["fits = prefix accuracy >= 0.9 at the training length (paper: train 128, test 512, beta [-1,1]); "
+             "ours = the smallest n_h or depth that fit with any seed, and 'seeds that fit' says with how many"]
     notes += [f"{c['text']} ({c['source']})" for c in reference.load_figures()["fig5"]["claims"]]
     notes += reference.load_figures()["fig5"].get("differences", [])
     return Comparison("fig5", TITLES["fig5"], header, rows, notes, status_column=len(header) - 2)

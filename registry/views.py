@@ -101,12 +101,20 @@ ours AS (
     min(num_layers) FILTER (WHERE n_h = 1 AND fits) AS min_layers_n_h1,
     list_sort(list(DISTINCT num_layers) FILTER (WHERE n_h = 1)) AS layers_tried,
     max(max_len_acc90) AS best_max_len_acc90
-  FROM r GROUP BY ALL)
+  FROM r GROUP BY ALL),
+per_seed AS (  -- one layer: at each n_h, how many of the seeds fit (a claim must not rest on one seed)
+  SELECT group_name, n_h, count(DISTINCT seed) FILTER (WHERE fits) AS n_fit, count(DISTINCT seed) AS n_seeds
+  FROM r WHERE num_layers = 1 GROUP BY ALL),
+seeds AS (
+  SELECT group_name, list(struct_pack(n_h := n_h, n_fit := n_fit, n_seeds := n_seeds) ORDER BY n_h) AS fits_per_seed
+  FROM per_seed GROUP BY ALL)
 SELECT coalesce(p."group", o.group_name) AS group_name, coalesce(o.n_runs, 0) AS n_runs,
   o.min_n_h_one_layer AS ours_min_n_h_one_layer, p.min_n_h_one_layer AS paper_min_n_h_one_layer, o.n_h_tried,
   o.min_layers_n_h1 AS ours_min_layers_n_h1, p.min_layers_n_h1 AS paper_min_layers_n_h1, o.layers_tried,
-  o.best_max_len_acc90, p.train_len AS paper_train_len, p.test_len AS paper_test_len, p.source, p.note
+  o.best_max_len_acc90, sd.fits_per_seed, p.train_len AS paper_train_len, p.test_len AS paper_test_len, p.source,
+  p.note
 FROM paper_fig5 p FULL OUTER JOIN ours o ON p."group" = o.group_name
+LEFT JOIN seeds sd ON sd.group_name = o.group_name
 ORDER BY group_name"""
 
 

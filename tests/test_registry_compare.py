@@ -161,11 +161,17 @@ def test_fig5_smallest_n_h_and_depth_that_fit(tmp_path):
         trials.append(make_trial(tmp_path, "fig5", f"{g}-{n_h}-{layers}", dp(n_h, layers=layers),
                                  {"name": "word_problem", "group": g, "train_len": 128},
                                  summary={keys.ACC_AT_TRAIN_LEN: acc, keys.MAX_LEN_ACC90: 200 if acc >= .9 else 50}))
+    trials.append(make_trial(tmp_path, "fig5", "S3-2-1-seed1", dp(2), {"name": "word_problem", "group": "S3",
+                                                                      "train_len": 128},
+                             summary={keys.ACC_AT_TRAIN_LEN: 0.2, keys.MAX_LEN_ACC90: 50}, seed=1))
     db = tmp_path / "r.duckdb"
     ingest(db, trials)
     c = compare(db, "fig5")
     rows = {r[0]: r for r in c.rows}
     s3, s5 = rows["S3"], rows["S5"]
+    # the smallest n_h that fit with any seed, and with how many of the seeds at each n_h
+    assert s3[c.columns.index("seeds that fit (1 layer)")] == "n_h=1: 0/1, n_h=2: 1/2, n_h=3: 1/1"
+    assert rows["A5"][c.columns.index("seeds that fit (1 layer)")] is None
     assert (s3[2], s3[3], s3[4], s3[5]) == (2, 2, 0, [1, 2, 3])
     assert (s3[6], s3[7], s3[8]) == (3, 3, 0)
     assert (s5[2], s5[3]) == ("> 2", 4) and s5[7] == "> 10"
