@@ -242,20 +242,16 @@ def reset_dpx_autotune() -> int:
     the correctness check or the naive-loop row (B=1, T=1024) was reused at B=4, T=4096, where fwd_h at n_h = 3 then
     took 0.568 ms against 0.408 for its best config (H200, session 9). A training run tunes at its own shape on its
     first step, so each timed row starts fresh (--keep-autotune: the old behaviour). Returns the kernels reset."""
-    from triton.runtime.autotuner import Autotuner
+    from dpx.kernels.utils import autotuner  # unwraps @heuristics down to the Autotuner
     n = 0
     for name, mod in list(sys.modules.items()):
         if not name.startswith("dpx.kernels") or mod is None:
             continue
         for obj in vars(mod).values():
-            seen = 0
-            while obj is not None and seen < 4:  # @heuristics wraps the Autotuner: follow .fn down to it
-                if isinstance(obj, Autotuner):
-                    if obj.cache:
-                        obj.cache.clear()
-                        n += 1
-                    break
-                obj, seen = getattr(obj, "fn", None), seen + 1
+            at = autotuner(obj)
+            if at is not None and at.cache:
+                at.cache.clear()
+                n += 1
     return n
 
 

@@ -64,6 +64,7 @@ PAPER_SETTINGS: dict[str, list[tuple[str, str, Any]]] = {
              ("steps", "train__steps", 66758)],
 }
 PAPER_SETTINGS["table4"] = PAPER_SETTINGS["table3"]
+PAPER_SETTINGS["fig12"] = PAPER_SETTINGS["fig5"]  # Fig. 5's grid and setting, beta in [0,1]
 DIFFERS = "setting differs"
 
 
@@ -309,6 +310,7 @@ def _setting_notes(diffs) -> list[str]:
 # The table-specific filters of the trials a comparison reads (as its view does).
 _LM_TASK = "t.task_name IN ('lm', 'lm_eval')"
 _TRIAL_FILTERS = {"fig5": "t.group_name IS NOT NULL", "fig7": "t.group_name IS NOT NULL",
+                  "fig12": "t.group_name IS NOT NULL",
                   "table2": "t.language IS NOT NULL", "fig4": "t.task_name = 'throughput'",
                   "fig8": "t.task_name = 'extrapolation'", "fig9": "t.task_name = 'effective_rank'",
                   **{k: f"({v}) AND {_LM_TASK}" for k, v in views.LM_FILTERS.items()}}
@@ -417,8 +419,6 @@ def compare(db_path: str | os.PathLike, name: str, recipe: str | None = None) ->
             _fig5_status(con, where, c.rows, c.status_column)
         elif name == "fig12":
             c = _fig12(con, where)
-            c.notes += _setting_notes(setting_differences(con, "fig5", where, _TRIAL_FILTERS["fig5"]))
-            return c
         else:
             c = _figure(con, name, where)
         c.notes += _setting_notes(setting_differences(con, name, where, _TRIAL_FILTERS.get(name, "FALSE")))

@@ -86,14 +86,19 @@ GROUP BY ALL
 ORDER BY t.group_name, num_layers, t.n_h"""
 
 
-def fig5(where: str = "TRUE") -> str:
-    # "Fits the training range": prefix accuracy >= 0.9 at the training length (from acc_at_train_len, else from
-    # max_len_acc90 >= train_len). The paper's rows: min n_h for one layer, min layers for n_h = 1 (beta [-1,1]).
+def fig5_fits(where: str = "TRUE") -> str:
+    # fig5_runs and whether each "fits the training range": prefix accuracy >= 0.9 at the training length (from
+    # acc_at_train_len, else from max_len_acc90 >= train_len); Figs. 5 and 12 both read it
     return f"""
-WITH runs AS ({fig5_runs(where)}),
-r AS (
-  SELECT *, coalesce(acc_at_train_len >= 0.9, max_len_acc90 >= coalesce(train_len, 128)) AS fits
-  FROM runs WHERE coalesce(beta_range, '[-1,1]') = '[-1,1]'),
+SELECT *, coalesce(acc_at_train_len >= 0.9, max_len_acc90 >= coalesce(train_len, 128)) AS fits
+FROM ({fig5_runs(where)})"""
+
+
+def fig5(where: str = "TRUE") -> str:
+    # The paper's rows: min n_h for one layer, min layers for n_h = 1 (beta [-1,1]), of the runs that fit.
+    return f"""
+WITH r AS (
+  SELECT * FROM ({fig5_fits(where)}) WHERE coalesce(beta_range, '[-1,1]') = '[-1,1]'),
 ours AS (
   SELECT group_name, count(*) AS n_runs,
     min(n_h) FILTER (WHERE num_layers = 1 AND fits) AS min_n_h_one_layer,
@@ -124,9 +129,7 @@ def fig12(where: str = "TRUE") -> str:
     # that fit with beta [-1,1] in the same workspace (the fig5 recipe's runs), so the control reads against its
     # positive. Groups with no beta [0,1] run are left out.
     return f"""
-WITH r AS (
-  SELECT *, coalesce(acc_at_train_len >= 0.9, max_len_acc90 >= coalesce(train_len, 128)) AS fits
-  FROM ({fig5_runs(where)}))
+WITH r AS ({fig5_fits(where)})
 SELECT group_name,
   count(*) FILTER (WHERE beta_range = '[0,1]') AS n_runs,
   list_sort(list(DISTINCT n_h) FILTER (WHERE beta_range = '[0,1]' AND num_layers = 1 AND fits)) AS fit_n_h_01,
