@@ -241,7 +241,8 @@ def reset_dpx_autotune() -> int:
     name head dims, head count and dtype, not the number of sequences or chunks: a pick made at the small shape of
     the correctness check or the naive-loop row (B=1, T=1024) was reused at B=4, T=4096, where fwd_h at n_h = 3 then
     took 0.568 ms against 0.408 for its best config (H200, session 9). A training run tunes at its own shape on its
-    first step, so each timed row starts fresh (--keep-autotune: the old behaviour). Returns the kernels reset."""
+    first step, so each timed (n_h, gated) shape starts fresh, its main row and stage row sharing the picks
+    (--keep-autotune: never reset). Returns the kernels reset."""
     from dpx.kernels.utils import autotuner  # unwraps @heuristics down to the Autotuner
     n = 0
     for name, mod in list(sys.modules.items()):
@@ -280,8 +281,8 @@ def main():
                     help="DPX_KERNEL_BWD_FP32 for the timed backward: 0 = the 16-bit kernels (default here: they are "
                          "what is benchmarked), 1 = the float32 backward, default = the library's choice per n_h")
     ap.add_argument("--keep-autotune", action="store_true",
-                    help="keep the autotuned picks across rows (default: reset before each timed row, see "
-                         "reset_dpx_autotune)")
+                    help="keep the autotuned picks across rows (default: reset when the timed (n_h, gated) shape "
+                         "changes, see reset_dpx_autotune)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)  # --out $OUT/sub: the folder may not exist yet (lost a GPU call once)
     if args.autotune_cache:
@@ -372,27 +373,38 @@ def main():
                     os.environ["DPX_KERNEL_DQKWG"] = old
 
     stages = []
-    if args.stages:
-        for n in parse(args.bwd_ns):
-            for gated in (False, True):
-                for choice in dqkwgs:
-                    if not args.keep_autotune:
-                        reset_dpx_autotune()
-                    st = with_dqkwg(choice, lambda: stage_times(B, T, H, K, V, n, gated, dtype, dev))
-                    stages.append(dict(who="dpx", n=n, gated=gated, dqkwg=choice or "env", ms=st))
-                    with open(os.path.join(args.out, "kernels_stages.jsonl"), "a") as f:
-                        f.write(json.dumps(stages[-1]) + "\n")
-                    say(f"stages n={n} gated={gated} dqkwg={choice or 'env'} (ms): " + ", ".join(
-                        f"{kk} {vv:.3f}" for kk, vv in st.items()))
+    tuned_at = [None]
 
-    for n in parse(args.ns):
+    def tune_at(key):
+        """Forget dpx's autotuned picks when the timed shape changes (not between a shape's main row and its stage
+        row: they time the same calls, and tuning costs 20-40 s a shape on the H200)."""
+        if args.keep_autotune or tuned_at[0] == key:
+            return 0
+        tuned_at[0] = key
+        return reset_dpx_autotune()
+
+    def stage_rows(n, gated):
+        for choice in dqkwgs:
+            tune_at((n, gated))
+            st = with_dqkwg(choice, lambda: stage_times(B, T, H, K, V, n, gated, dtype, dev))
+            stages.append(dict(who="dpx", n=n, gated=gated, dqkwg=choice or "env", ms=st))
+            with open(os.path.join(args.out, "kernels_stages.jsonl"), "a") as f:
+                f.write(json.dumps(stages[-1]) + "\n")
+            say(f"stages n={n} gated={gated} dqkwg={choice or 'env'} (ms): " + ", ".join(
+                f"{kk} {vv:.3f}" for kk, vv in st.items()))
+
+    # per (n_h, gated): the main row first (the headline, if a timeout cuts the run), then its stage row
+    all_ns = list(dict.fromkeys(parse(args.ns) + (parse(args.bwd_ns) if args.stages else [])))
+    for n in all_ns:
         for gated in (False, True):
+            if n not in parse(args.ns):
+                stage_rows(n, gated)
+                continue
             fb = bytes_fwd(B, T, H, K, V, n, gated) / bw * 1e3
             ff = flops_fwd(B, T, H, K, V, n) / mm * 1e3
             row = dict(n=n, gated=gated, floor_bytes_ms=fb, floor_flops_ms=ff)
             xs = inputs(B, T, H, K, V, n, gated, dtype, dev)
-            if not args.keep_autotune:
-                row["autotune_reset"] = reset_dpx_autotune()
+            row["autotune_reset"] = tune_at((n, gated))
             with torch.no_grad():
                 row["ours_fwd"] = bench(lambda: chunk_gated_delta_product(*xs, n))
                 if fla_chunk is not None and n in parse(args.fla_ns):
@@ -426,6 +438,8 @@ def main():
                 f.write(json.dumps(row) + "\n")
             del xs, xg
             torch.cuda.empty_cache()
+            if args.stages and n in parse(args.bwd_ns):
+                stage_rows(n, gated)
 
     if args.fla_stages and fla_chunk is not None:
         for n in parse(args.fla_ns):
