@@ -26,17 +26,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 try:
     from dpx.kernels import chunk_gated_delta_product, fused_recurrent_gated_delta_product, gated_delta_product
     from dpx.kernels.delta_product.naive import naive_recurrent_gated_delta_product
-except ImportError:  # repo checkout without `pip install -e .`: expose the folders as dpx.*
-    import importlib, types
-    root = os.path.join(os.path.dirname(__file__), "..")
-    dpx = types.ModuleType("dpx")
-    dpx.__path__ = []
-    sys.modules["dpx"] = dpx
-    spec = importlib.util.spec_from_file_location("dpx.kernels", os.path.join(root, "kernels", "__init__.py"),
-                                                  submodule_search_locations=[os.path.join(root, "kernels")])
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["dpx.kernels"] = mod
-    spec.loader.exec_module(mod)
+except ImportError:  # repo checkout without `pip install -e .`: expose kernels/ as dpx.kernels
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from dpx_checkout import expose_kernels
+    expose_kernels()
     from dpx.kernels import chunk_gated_delta_product, fused_recurrent_gated_delta_product, gated_delta_product
     from dpx.kernels.delta_product.naive import naive_recurrent_gated_delta_product
 

@@ -44,18 +44,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 try:
     import dpx.kernels  # noqa: F401
     from dpx.kernels.delta_product.chunk_h import chunk_dp_fwd_h, chunk_dp_fwd_kernel_h  # noqa: F401
-except ImportError:  # repo checkout without `pip install -e .`: expose kernels/ as dpx.kernels (benchmarks/kernels.py)
-    import importlib.util
-    import types
-    _root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-    _dpx = types.ModuleType("dpx")
-    _dpx.__path__ = []
-    sys.modules["dpx"] = _dpx
-    _spec = importlib.util.spec_from_file_location("dpx.kernels", os.path.join(_root, "kernels", "__init__.py"),
-                                                   submodule_search_locations=[os.path.join(_root, "kernels")])
-    _mod = importlib.util.module_from_spec(_spec)
-    sys.modules["dpx.kernels"] = _mod
-    _spec.loader.exec_module(_mod)
+except ImportError:  # repo checkout without `pip install -e .`: expose kernels/ as dpx.kernels
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from dpx_checkout import expose_kernels
+    expose_kernels()
     from dpx.kernels.delta_product.chunk_h import chunk_dp_fwd_h, chunk_dp_fwd_kernel_h  # noqa: F401
 
 from dpx.kernels.delta_product.index import BL, ChunkTable  # noqa: E402

@@ -7,6 +7,17 @@ from dpx.kernels.delta_product.naive import naive_recurrent_gated_delta_product 
 from dpx.kernels.delta_product.torch_chunk import torch_chunk_gated_delta_product as torch_chunk
 
 
+def poison_empty_tensors(monkeypatch):
+    """torch.empty / empty_like / Tensor.new_empty return NaN-filled floating tensors for the rest of the test, so an
+    output element a kernel fails to write shows as NaN (fla's style); the kernel tests' autouse fixtures call it."""
+    def nan_fill(t):
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+    e, el, ne = torch.empty, torch.empty_like, torch.Tensor.new_empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: nan_fill(e(*a, **k)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: nan_fill(el(*a, **k)))
+    monkeypatch.setattr(torch.Tensor, "new_empty", lambda self, *a, **k: nan_fill(ne(self, *a, **k)))
+
+
 def make_inputs(B, T, H, K, V, n, gate, dtype=torch.float64, N=None, seed=0):
     """Random inputs with beta in [0, 2]; gate is None, "rand", "zero" (exact 0 logs) or "mixed" (0 and -30)."""
     gen = torch.Generator().manual_seed(seed)

@@ -13,7 +13,7 @@ if not os.environ.get("DPX_TEST_CUDA"):
 import pytest
 import torch
 
-from test_kernels_reference import NAMES, deltanet_loop, grads, make_inputs, order_case
+from test_kernels_reference import NAMES, deltanet_loop, grads, make_inputs, order_case, poison_empty_tensors
 from dpx.kernels import chunk_gated_delta_product, fused_recurrent_gated_delta_product, gated_delta_product
 from dpx.kernels.delta_product.naive import naive_recurrent_gated_delta_product as naive
 
@@ -26,12 +26,7 @@ TOL = {torch.float32: 2e-5, torch.float16: 5e-3, torch.bfloat16: 1e-2}
 
 @pytest.fixture(autouse=True)
 def poison_empty(monkeypatch):
-    def nan_fill(t):
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-    e, el, ne = torch.empty, torch.empty_like, torch.Tensor.new_empty
-    monkeypatch.setattr(torch, "empty", lambda *a, **k: nan_fill(e(*a, **k)))
-    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: nan_fill(el(*a, **k)))
-    monkeypatch.setattr(torch.Tensor, "new_empty", lambda self, *a, **k: nan_fill(ne(self, *a, **k)))
+    poison_empty_tensors(monkeypatch)
 
 
 def check(name, ref, out, tol):

@@ -30,18 +30,14 @@ def _load():
 wp = _load()
 from dpx.kernels.delta_product.chunk_h import chunk_dp_fwd_h  # noqa: E402
 from dpx.kernels.delta_product.index import BL, chunk_table  # noqa: E402
+from test_kernels_reference import poison_empty_tensors  # noqa: E402
 
 LENS = (100, 37)  # two sequences: 2 + 1 chunks at n_h = 1, 4 + 2 at n_h = 2, 5 + 2 at n_h = 3 (last ones partial)
 
 
 @pytest.fixture(autouse=True)
 def poison_empty(monkeypatch):
-    def nan_fill(t):
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-    e, el, ne = torch.empty, torch.empty_like, torch.Tensor.new_empty
-    monkeypatch.setattr(torch, "empty", lambda *a, **k: nan_fill(e(*a, **k)))
-    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: nan_fill(el(*a, **k)))
-    monkeypatch.setattr(torch.Tensor, "new_empty", lambda self, *a, **k: nan_fill(ne(self, *a, **k)))
+    poison_empty_tensors(monkeypatch)
 
 
 def _table(n):
