@@ -26,4 +26,5 @@ def expose_kernels() -> None:
                                                   submodule_search_locations=[os.path.join(root, "kernels")])
     mod = importlib.util.module_from_spec(spec)
     sys.modules["dpx.kernels"] = mod
+    dpx.kernels = mod  # `import dpx.kernels` binds the parent's attribute
     spec.loader.exec_module(mod)

@@ -51,6 +51,26 @@ def bench(fn, warmup=25, rep=100):
     return triton.testing.do_bench(fn, warmup=warmup, rep=rep, quantiles=[0.5])
 
 
+def warmed(fn, calls=3):
+    """fn after `calls` untimed calls: the first forward+backward of a row autotunes the backward's kernels, and
+    session 11 measured its first timing 4-8 % slower than a second one in the same row (3.42 against 3.18 ms at
+    n_h 2), so every forward+backward timing starts warm."""
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return fn
+
+
+def peak_mib(fn):
+    """Peak memory allocated during one call of fn, above what was allocated before it (MiB)."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
 def bench_graph(fn, steps=16):
     """Median time of one call of fn when `steps` calls are replayed from a CUDA graph (no host overhead)."""
     fn()  # autotune and compile outside the capture
@@ -273,6 +293,10 @@ def main():
     ap.add_argument("--bwd-fp32", choices=("0", "1", "default"), default="0",
                     help="DPX_KERNEL_BWD_FP32 for the timed backward: 0 = the 16-bit kernels (default here: they are "
                          "what is benchmarked), 1 = the float32 backward, default = the library's choice per n_h")
+    ap.add_argument("--also-env", action="append", default=[], metavar="NAME=VALUE",
+                    help="time each forward+backward row again with this variable set (read by the kernels at each "
+                         "call, e.g. DPX_KERNEL_SAVE_STATES=1), in the same process, as column ours_fwdbwd[NAME=VALUE]; "
+                         "each forward+backward column also gets its peak memory (MiB) in ours_peak_mib[...]")
     ap.add_argument("--keep-autotune", action="store_true",
                     help="keep the autotuned picks across rows (default: reset when the timed (n_h, gated) shape "
                          "changes, see reset_dpx_autotune)")
@@ -413,16 +437,30 @@ def main():
                 o.backward(do)
             if n in parse(args.bwd_ns):
                 for choice in dqkwgs:
-                    t_fb = with_dqkwg(choice, lambda: bench(fb_ours, warmup=5, rep=50))
+                    t_fb = with_dqkwg(choice, lambda: bench(warmed(fb_ours), warmup=5, rep=50))
                     row["ours_fwdbwd" if choice is None else f"ours_fwdbwd_{choice}"] = t_fb
                 if "ours_fwdbwd" not in row:  # the library's default choice, named as the table's column
                     row["ours_fwdbwd"] = row.get("ours_fwdbwd_fused", row.get(f"ours_fwdbwd_{dqkwgs[0]}"))
+                row["ours_peak_mib[default]"] = peak_mib(fb_ours)
+                for assign in args.also_env:  # same inputs, same picks: only the variable differs
+                    name, _, value = assign.partition("=")
+                    old_value = os.environ.get(name)
+                    os.environ[name] = value
+                    try:
+                        row[f"ours_fwdbwd[{assign}]"] = bench(fb_ours, warmup=5, rep=50)
+                        row[f"ours_peak_mib[{assign}]"] = peak_mib(fb_ours)
+                    finally:
+                        os.environ.pop(name, None)
+                        if old_value is not None:
+                            os.environ[name] = old_value
+                if args.also_env:  # the default again, after the variants: an order effect shows as a difference
+                    row["ours_fwdbwd_repeat"] = bench(fb_ours, warmup=5, rep=50)
             if fla_chunk is not None and args.fla_bwd and n in parse(args.fla_ns):
                 def fb_fla():
                     o, _ = fla_chunk(*xg, n)
                     o.backward(do)
                 try:
-                    row["fla_fwdbwd"] = bench(fb_fla, warmup=5, rep=50)
+                    row["fla_fwdbwd"] = bench(warmed(fb_fla), warmup=5, rep=50)
                 except Exception as e:  # noqa: BLE001
                     row["fla_fwdbwd"] = f"error: {type(e).__name__}: {str(e)[:80]}"
             rows.append(row)
