@@ -51,10 +51,22 @@ def bench(fn, warmup=25, rep=100):
     return triton.testing.do_bench(fn, warmup=warmup, rep=rep, quantiles=[0.5])
 
 
+def with_env(name, value, fn):
+    """fn() with os.environ[name] = value, the variable restored (or removed) afterwards."""
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        return fn()
+    finally:
+        os.environ.pop(name, None)
+        if old is not None:
+            os.environ[name] = old
+
+
 def warmed(fn, calls=3):
-    """fn after `calls` untimed calls: the first forward+backward of a row autotunes the backward's kernels, and
-    session 11 measured its first timing 4-8 % slower than a second one in the same row (3.42 against 3.18 ms at
-    n_h 2), so every forward+backward timing starts warm."""
+    """fn after `calls` untimed calls, so that no backward kernel autotunes inside a timing (a precaution: session 11's
+    ours_fwdbwd_repeat column, the default timed again last in each row, agreed with the first within 0.5 %; the
+    3.42 against 3.18 ms it first looked like an order effect was DPX_KERNEL_SAVE_STATES=1 taking effect)."""
     for _ in range(calls):
         fn()
     torch.cuda.synchronize()
@@ -378,16 +390,7 @@ def main():
     dqkwgs = [x for x in args.dqkwg.split(",") if x] or [None]
 
     def with_dqkwg(choice, fn):
-        old = os.environ.get("DPX_KERNEL_DQKWG")
-        if choice is not None:
-            os.environ["DPX_KERNEL_DQKWG"] = choice
-        try:
-            return fn()
-        finally:
-            if choice is not None:
-                os.environ.pop("DPX_KERNEL_DQKWG", None)
-                if old is not None:
-                    os.environ["DPX_KERNEL_DQKWG"] = old
+        return fn() if choice is None else with_env("DPX_KERNEL_DQKWG", choice, fn)
 
     stages = []
     tuned_at = [None]
@@ -444,15 +447,8 @@ def main():
                 row["ours_peak_mib[default]"] = peak_mib(fb_ours)
                 for assign in args.also_env:  # same inputs, same picks: only the variable differs
                     name, _, value = assign.partition("=")
-                    old_value = os.environ.get(name)
-                    os.environ[name] = value
-                    try:
-                        row[f"ours_fwdbwd[{assign}]"] = bench(fb_ours, warmup=5, rep=50)
-                        row[f"ours_peak_mib[{assign}]"] = peak_mib(fb_ours)
-                    finally:
-                        os.environ.pop(name, None)
-                        if old_value is not None:
-                            os.environ[name] = old_value
+                    row[f"ours_fwdbwd[{assign}]"] = with_env(name, value, lambda: bench(fb_ours, warmup=5, rep=50))
+                    row[f"ours_peak_mib[{assign}]"] = with_env(name, value, lambda: peak_mib(fb_ours))
                 if args.also_env:  # the default again, after the variants: an order effect shows as a difference
                     row["ours_fwdbwd_repeat"] = bench(fb_ours, warmup=5, rep=50)
             if fla_chunk is not None and args.fla_bwd and n in parse(args.fla_ns):
