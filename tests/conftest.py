@@ -11,6 +11,11 @@ import pytest
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
+if not os.environ.get("DPX_TEST_CUDA"):
+    # the interpreter for every in-process Triton kernel on the CPU, set before any test module imports triton: the
+    # kernel test files set it too, but a file that imports triton first (test_kernels_bench_script.py before
+    # test_walk_proto.py, run alone) used to fix the compiled mode for the whole process
+    os.environ["TRITON_INTERPRET"] = "1"
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parent / "data"
