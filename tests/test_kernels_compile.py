@@ -29,8 +29,10 @@ def test_custom_ops_registered():
     assert CUSTOM_OP_ERROR is None and chunk_dp_fwd_op is not None and hasattr(torch.ops.dpx, "chunk_dp_fwd")
 
 
-@pytest.mark.parametrize("gate,h0,final", [("rand", True, True), (None, False, False)])
-def test_custom_ops_pass_opcheck(gate, h0, final):
+@pytest.mark.parametrize("gate,h0,final,keep", [("rand", True, True, "0"), (None, False, False, "0"),
+                                                ("rand", True, True, "1")])
+def test_custom_ops_pass_opcheck(gate, h0, final, keep, monkeypatch):
+    monkeypatch.setenv("DPX_KERNEL_SAVE_STATES", keep)  # 1: the forward also returns h and v_new (keeps_states)
     q, k, v, g, beta, s0 = _inputs(1, 11, 2, 16, 16, 2, gate)
     s0 = s0 if h0 else None
     args = [x.requires_grad_() if x is not None else None for x in (q, k, v, g, beta, s0)]
@@ -38,17 +40,22 @@ def test_custom_ops_pass_opcheck(gate, h0, final):
     # compares two runs' outputs element by element (test_aot_dispatch_dynamic) is left to the compile test below
     torch.library.opcheck(chunk_dp_fwd_op, (*args, None, 2, 0.5, final),
                           test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
-    o, ht, t, G, gamma = chunk_dp_fwd_op(*[None if x is None else x.detach() for x in args], None, 2, 0.5, final)
+    o, ht, t, G, gamma, h, v_new = chunk_dp_fwd_op(*[None if x is None else x.detach() for x in args], None, 2, 0.5,
+                                                   final)
+    assert (h.numel() > 0) == (keep == "1") and (v_new.numel() > 0) == (keep == "1")
     torch.library.opcheck(chunk_dp_bwd_op, (q.detach(), k.detach(), v.detach(), None if g is None else g.detach(),
-                                            beta.detach(), None if s0 is None else s0.detach(), t, G, gamma,
+                                            beta.detach(), None if s0 is None else s0.detach(), t, G, gamma, h, v_new,
                                             torch.randn_like(o), torch.randn_like(ht) if final else None, None, 2,
                                             0.5))
 
 
-@pytest.mark.parametrize("n,gate,K,cu", [(2, "rand", 16, None), (3, "mixed", 20, None),
-                                         (2, "rand", 16, [0, 5, 5, 13])])
-def test_compiled_function_is_one_graph_and_matches_eager(n, gate, K, cu):
-    # K = 20 runs zero-padded to 32 around the op; cu: varlen with an empty segment (an unbacked chunk count)
+@pytest.mark.parametrize("n,gate,K,cu,keep", [(2, "rand", 16, None, "0"), (3, "mixed", 20, None, "0"),
+                                              (2, "rand", 16, [0, 5, 5, 13], "0"), (3, "mixed", 20, None, "1"),
+                                              (2, "rand", 16, [0, 5, 5, 13], "1")])
+def test_compiled_function_is_one_graph_and_matches_eager(n, gate, K, cu, keep, monkeypatch):
+    # K = 20 runs zero-padded to 32 around the op; cu: varlen with an empty segment (an unbacked chunk count);
+    # keep = 1: DPX_KERNEL_SAVE_STATES, the op's h and v_new outputs carried to its backward
+    monkeypatch.setenv("DPX_KERNEL_SAVE_STATES", keep)
     cu_t = None if cu is None else torch.tensor(cu, device=DEVICE)
     N = None if cu is None else len(cu) - 1
     B, T = (1, cu[-1]) if cu else (2, 9)

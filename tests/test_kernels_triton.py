@@ -297,3 +297,45 @@ def test_float32_query_tiles_are_at_least_32_rows():
         tab = chunk_table(1, 40, n, "cpu")
         assert (tab.bt_tile(torch.float32), tab.bt_tile(torch.bfloat16), tab.bt_tile(torch.float16)) == (f32, b16, b16)
     assert query_tile(5, torch.float32) == 32 and query_tile(5) == 16
+
+
+@pytest.mark.parametrize("n,gate,T,cu", [(1, "mixed", 70, None), (2, "rand", 45, None), (3, None, 30, [0, 1, 23, 30])])
+def test_saved_states_give_the_same_gradients_bit_for_bit(n, gate, T, cu, monkeypatch):
+    # DPX_KERNEL_SAVE_STATES unset or 1 (the default): the backward takes the forward's h and v_new instead of walking the chunks again;
+    # the walk is deterministic, so every output and gradient must equal the recomputing backward's exactly
+    from dpx.kernels.delta_product.chunk import keeps_states
+    cu_t = None if cu is None else torch.tensor(cu)
+    N = None if cu is None else len(cu) - 1
+    B = 1 if cu else 2
+    q, k, v, beta, g, h0 = make_inputs(B, T, 2, 32, 16, n, gate, N=N)
+    outs = {}
+    for keep in ("0", "1"):
+        monkeypatch.setenv("DPX_KERNEL_SAVE_STATES", keep)
+        assert keeps_states(torch.float32, n, 32) == (keep == "1")
+        xs = [None if x is None else x.float().clone().requires_grad_() for x in (q, k, v, g, beta, h0)]
+        o, ht = chunk_gated_delta_product(*xs[:5], n, initial_state=xs[5], output_final_state=True, cu_seqlens=cu_t)
+        ((o.sin()).sum() + (ht ** 2).sum()).backward()
+        outs[keep] = [o.detach(), ht.detach()] + [None if x is None else x.grad for x in xs]
+    for a, b in zip(outs["0"], outs["1"]):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert torch.equal(a, b)
+
+
+def test_save_states_switch(monkeypatch):
+    from dpx.kernels.delta_product.chunk import keeps_states, save_states
+    monkeypatch.delenv("DPX_KERNEL_SAVE_STATES", raising=False)
+    assert save_states()  # on by default (BENCHMARKS.md session 11: faster, the op's peak memory unchanged)
+    monkeypatch.setenv("DPX_KERNEL_SAVE_STATES", "0")
+    assert not save_states() and not keeps_states(torch.bfloat16, 2, 128)
+    monkeypatch.setenv("DPX_KERNEL_SAVE_STATES", "1")
+    assert save_states() and keeps_states(torch.bfloat16, 2, 128) and keeps_states(torch.float32, 3, 64)
+    monkeypatch.setenv("DPX_KERNEL_BWD_FP32", "1")  # float32 copies of 16-bit inputs recompute everything
+    assert not keeps_states(torch.bfloat16, 2, 128) and keeps_states(torch.float32, 2, 128)
+    monkeypatch.delenv("DPX_KERNEL_BWD_FP32")
+    assert not keeps_states(torch.float32, 2, 256)  # torch_fp32 backward (head dim > 128)
+    monkeypatch.setenv("DPX_KERNEL_FWD", "super")
+    assert not keeps_states(torch.bfloat16, 2, 128) and keeps_states(torch.bfloat16, 1, 128)
+    monkeypatch.setenv("DPX_KERNEL_SAVE_STATES", "yes")
+    with pytest.raises(ValueError, match="DPX_KERNEL_SAVE_STATES"):
+        save_states()

@@ -13,7 +13,7 @@ set -u
 [ "${DPX_DEVICE_COPY:-}" = 1 ] || { echo "refused: this applies benchmarks/pending/*.patch in place; set DPX_DEVICE_COPY=1 on a throw-away copy"; exit 2; }
 PART=${PART:?PART=1, 2 or speed}
 OUT=${OUT:-$(pwd)/out}
-NAME=${NAME:-gpu_check_s12}
+NAME=${NAME:-gpu_check_pending}
 CACHE=benchmarks/results/kernels_h200_s7/fla_autotune_cache_h200_triton360.tgz
 mkdir -p "$OUT/check" "$OUT/speed"
 echo "main kernels_sha $(python3 benchmarks/gpu_check.py --kernels-sha)"

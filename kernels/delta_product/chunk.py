@@ -36,9 +36,10 @@ from .index import BL, chunk_table, tokens_per_chunk
 from .naive import check_inputs, l2norm
 from .chunk_h import chunk_dp_bwd_dh, chunk_dp_fwd_h
 
-def chunk_dp_fwd(q, k, v, g, beta, h0, tab, scale, output_final_state):
+def chunk_dp_fwd(q, k, v, g, beta, h0, tab, scale, output_final_state, keep_states=False):
     """Flattened inputs: q [NTOK,H,K], k [NTOK*n,H,K], v [NTOK*n,H,V], beta [NTOK*n,H], g [NTOK,H] or None.
-    Returns o, the final state and (T, G) for the backward."""
+    Returns o, the final state and (T, G, gamma) for the backward, with keep_states (T, G, gamma, h, v_new): the
+    chunk states and corrected values, so the backward need not walk the chunks again (keeps_states)."""
     from .chunk_o import chunk_dp_fwd_o
     from .wy_fast import chunk_dp_fwd_inv, chunk_dp_fwd_wu
     prec = dot_precision(q.dtype)
@@ -47,22 +48,26 @@ def chunk_dp_fwd(q, k, v, g, beta, h0, tab, scale, output_final_state):
     if tab.n > 1 and fwd_kernel() == "super":  # opt-in: one state per n chunks (chunk_super.py)
         from .chunk_super import chunk_dp_fwd_h_o_super
         o, ht = chunk_dp_fwd_h_o_super(q, k, w, u, kd, gamma, G, h0, tab, scale, output_final_state, prec)
-        return o, ht, (t, G, gamma)
+        return o, ht, (t, G, gamma)  # one state per n chunks: nothing per chunk to keep
     h, v_new, ht = chunk_dp_fwd_h(w, u, kd, gamma, h0, tab, output_final_state, q.dtype, prec)
     o = chunk_dp_fwd_o(q, k, G, h, v_new, tab, scale, prec)
-    return o, ht, (t, G, gamma)
+    return o, ht, (t, G, gamma) + ((h, v_new) if keep_states else ())
 
 
 def chunk_dp_bwd(q, k, v, g, beta, h0, do, dht, tab, scale, wy=None):
-    """wy = (T, G, gamma) from the forward (None: recomputed, as for the float32 copies of 16-bit inputs). Recompute
-    W, U, Kd from T (64-row products) and the chunk states, then: dv_local (per chunk) -> dh (serial, reverse) ->
-    dqkwg (per chunk). Returns (dq, dk, dv, dg, dbeta, dh0)."""
+    """wy = (T, G, gamma) from the forward, or (T, G, gamma, h, v_new) when it kept the chunk states (None:
+    recomputed, as for the float32 copies of 16-bit inputs). Recompute W, U, Kd from T (64-row products) and, unless
+    kept, the chunk states, then: dv_local (per chunk) -> dh (serial, reverse) -> dqkwg (per chunk). Returns (dq, dk,
+    dv, dg, dbeta, dh0)."""
     from .chunk_bwd import chunk_dp_bwd_dqkwg, chunk_dp_bwd_dv_local
     from .wy_fast import chunk_dp_fwd_inv, chunk_dp_fwd_wu
     prec = dot_precision(q.dtype)
-    t, G, gamma = chunk_dp_fwd_inv(k, beta, g, tab) if wy is None else wy
+    t, G, gamma, *states = chunk_dp_fwd_inv(k, beta, g, tab) if wy is None else wy
     w, u, kd = chunk_dp_fwd_wu(k, v, beta, G, t, tab, prec)
-    h, v_new, _ = chunk_dp_fwd_h(w, u, kd, gamma, h0, tab, False, q.dtype, prec)
+    if states:  # the forward's own h and v_new: what the walk below would compute again, bit for bit
+        h, v_new = states
+    else:
+        h, v_new, _ = chunk_dp_fwd_h(w, u, kd, gamma, h0, tab, False, q.dtype, prec)
     dv_loc = chunk_dp_bwd_dv_local(q, k, G, do, tab, scale, prec)
     dh, dv_new, dh0 = chunk_dp_bwd_dh(q, do, w, kd, gamma, G, dv_loc, dht, tab, scale, h0 is not None, prec)
     dqkwg = chunk_dp_bwd_dqkwg
@@ -73,6 +78,33 @@ def chunk_dp_bwd(q, k, v, g, beta, h0, do, dht, tab, scale, wy=None):
 
 
 FWD_KERNELS = ("chunk", "super")
+
+
+def save_states() -> bool:
+    """DPX_KERNEL_SAVE_STATES (read at each call; unset or 1: on, the default; 0: off): the forward keeps the chunk states
+    h [NC,H,K,V] and the corrected values v_new [NC,H,64,V] for the backward, which then skips its second run of the
+    state walk (chunk_dp_fwd_h: 0.27 / 0.42 ms of a 3.6 / 5.5-ms forward + backward at n_h 2 / 3, B=4 T=4096 H=16
+    d=128 bf16 on the H200, BENCHMARKS.md session 10). The price is memory: per token and head, K*V/BT + 64*V/BT
+    more elements kept (BT = 64 // n_h tokens a chunk), i.e. 1.0x / 1.2x / 1.3x the op's q, k, v at head dim 128
+    and n_h 1 / 2 / 3, held only while autograd keeps the graph (the walk writes h and v_new for the output kernel
+    anyway). On the H200 it made forward + backward 0.13 / 0.26 / 0.37 ms faster at n_h 1 / 2 / 3 with the op's peak
+    memory unchanged (session 11); fla recomputes, as DPX_KERNEL_SAVE_STATES=0 does. Off for the float32 copies of
+    16-bit inputs (they recompute everything in float32) and for the super-chunk forward (no per-chunk states)."""
+    flag = os.environ.get("DPX_KERNEL_SAVE_STATES", "")
+    if flag not in ("", "0", "1"):
+        raise ValueError(f"DPX_KERNEL_SAVE_STATES: expected 0, 1 or unset, got {flag!r}")
+    return flag != "0"
+
+
+def keeps_states(dtype: torch.dtype, n: int, K: int) -> bool:
+    """Whether a forward on `dtype` inputs (head dim K, padded) keeps h and v_new for its backward: save_states()
+    on, a Triton backward that reuses the forward's T (not the float32 copies of 16-bit inputs, not torch_fp32), and
+    the per-chunk forward (not super)."""
+    if not save_states():
+        return False
+    path = backward_path(dtype, n, K)
+    reuses = path == "triton" or (path == "triton_fp32" and dtype == torch.float32)
+    return reuses and not (n > 1 and fwd_kernel() == "super")
 
 
 def _env_choice(name: str, choices: tuple[str, ...]) -> str:
@@ -173,10 +205,12 @@ class ChunkGatedDeltaProductFunction(torch.autograd.Function):
     @staticmethod
     @contiguous
     def forward(ctx, q, k, v, g, beta, h0, tab, scale, output_final_state, cu_seqlens):
-        o, ht, (t, G, gamma) = chunk_forward(q, k, v, g, beta, h0, tab, scale, output_final_state)
+        o, ht, wy = chunk_forward(q, k, v, g, beta, h0, tab, scale, output_final_state,
+                                  keeps_states(q.dtype, tab.n, q.shape[-1]))
         # T = (I+A)^-1 per chunk (half a key tensor in size at head dim 128) and the gate sums are kept, so the
-        # backward re-runs only the 64-row products W = T X, U = T Y instead of the whole preparation (fla keeps A)
-        ctx.save_for_backward(q, k, v, g, beta, h0, t, G, gamma)
+        # backward re-runs only the 64-row products W = T X, U = T Y instead of the whole preparation (fla keeps A);
+        # by default also the chunk states and v_new (save_states; DPX_KERNEL_SAVE_STATES=0 recomputes them)
+        ctx.save_for_backward(q, k, v, g, beta, h0, *wy)
         ctx.tab, ctx.scale, ctx.cu_seqlens = tab, scale, cu_seqlens
         return o, ht
 
@@ -188,10 +222,10 @@ class ChunkGatedDeltaProductFunction(torch.autograd.Function):
 
 
 def chunk_backward(saved, do, dht, tab, scale, cu_seqlens, need=(True,) * 6):
-    """(dq, dk, dv, dg, dbeta, dh0) from the forward's saved (q, k, v, g, beta, h0, T, G, gamma): the backward of
+    """(dq, dk, dv, dg, dbeta, dh0) from the forward's saved (q, k, v, g, beta, h0, T, G, gamma[, h, v_new]): the backward of
     ChunkGatedDeltaProductFunction and of the custom op dpx::chunk_dp_bwd (below). `need` says which of the
     six inputs want a gradient (only the PyTorch backward at float32 head dim > 128 uses it)."""
-    q, k, v, g, beta, h0, t, G, gamma = saved
+    q, k, v, g, beta, h0, t, G, gamma, *states = saved
     B, T, H, K = q.shape
     V = v.shape[-1]
     path = backward_path(q.dtype, tab.n, K)
@@ -199,7 +233,7 @@ def chunk_backward(saved, do, dht, tab, scale, cu_seqlens, need=(True,) * 6):
     if path == "torch_fp32":
         return _torch_backward(saved[:6], need, tab, scale, cu_seqlens, do, dht)
     flat = lambda x, *s: None if x is None else x.reshape(*s)
-    wy = (t, G, gamma)
+    wy = (t, G, gamma, *states)
     if path == "triton_fp32" and q.dtype != torch.float32:  # float32 copies: T is recomputed in float32
         f32 = lambda x: None if x is None else x.float()
         q_, k_, v_, beta_, do_, wy = f32(q), f32(k), f32(v), f32(beta), f32(do), None
@@ -212,14 +246,14 @@ def chunk_backward(saved, do, dht, tab, scale, cu_seqlens, need=(True,) * 6):
     return cast(dq, q), cast(dk, k), cast(dv, v), cast(dg, g), cast(dbeta, beta), cast(dh0, h0)
 
 
-def chunk_forward(q, k, v, g, beta, h0, tab, scale, output_final_state):
-    """(o [B,T,H,V], final state or None, (T, G, gamma)) on [B,T,...] inputs: the forward of
+def chunk_forward(q, k, v, g, beta, h0, tab, scale, output_final_state, keep_states=False):
+    """(o [B,T,H,V], final state or None, (T, G, gamma[, h, v_new])) on [B,T,...] inputs: the forward of
     ChunkGatedDeltaProductFunction and of the custom op dpx::chunk_dp_fwd (below)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     flat = lambda x, *s: None if x is None else x.reshape(*s)
     o, ht, wy = chunk_dp_fwd(flat(q, -1, H, K), flat(k, -1, H, K), flat(v, -1, H, V), flat(g, -1, H),
-                             flat(beta, -1, H), h0, tab, scale, output_final_state)
+                             flat(beta, -1, H), h0, tab, scale, output_final_state, keep_states)
     return o.view(B, T, H, V), ht, wy
 
 
@@ -279,8 +313,9 @@ def chunk_gated_delta_product(
 # -- under torch.compile: the kernel as two registered custom ops ---------------------------------------------------
 # So that torch.compile traces a model around the kernel in one graph:
 #     dpx::chunk_dp_fwd(q, k, v, g?, beta, h0?, cu_seqlens?, n, scale, output_final_state)
-#         -> (o [B,T,H,V], final state [N,H,K,V] float32 (or [0]), T [NC,H,64,64], G [NC,H,64], gamma [NC,H])
-#     dpx::chunk_dp_bwd(q, k, v, g?, beta, h0?, T, G, gamma, do, dht?, cu_seqlens?, n, scale)
+#         -> (o [B,T,H,V], final state [N,H,K,V] float32 (or [0]), T [NC,H,64,64], G [NC,H,64], gamma [NC,H],
+#             h [NC,H,K,V] and v_new [NC,H,64,V] (or [0] each: not kept with DPX_KERNEL_SAVE_STATES=0, keeps_states))
+#     dpx::chunk_dp_bwd(q, k, v, g?, beta, h0?, T, G, gamma, h, v_new, do, dht?, cu_seqlens?, n, scale)
 #         -> (dq, dk, dv, dg (or [0]), dbeta, dh0 (or [0]))
 # They run chunk_forward / chunk_backward, the bodies of the eager autograd.Function, on the same chunk table, so
 # compiled and eager training launch the same kernels. The compiler sees each op as one node: the fake (meta)
@@ -298,11 +333,12 @@ def _register_ops():
     @torch.library.custom_op("dpx::chunk_dp_fwd", mutates_args=())
     def fwd_op(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], beta: Tensor, h0: Optional[Tensor],
                cu_seqlens: Optional[Tensor], n: int, scale: float, output_final_state: bool
-               ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+               ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
         c = lambda x: None if x is None else x.contiguous()
-        o, ht, (t, G, gamma) = chunk_forward(c(q), c(k), c(v), c(g), c(beta), c(h0), _table(q, n, cu_seqlens), scale,
-                                             output_final_state)
-        return o, (ht if ht is not None else q.new_empty(0, dtype=torch.float32)), t, G, gamma
+        o, ht, (t, G, gamma, *states) = chunk_forward(c(q), c(k), c(v), c(g), c(beta), c(h0), _table(q, n, cu_seqlens),
+                                                      scale, output_final_state, keeps_states(q.dtype, n, q.shape[-1]))
+        h, v_new = states or (q.new_empty(0), k.new_empty(0))
+        return o, (ht if ht is not None else q.new_empty(0, dtype=torch.float32)), t, G, gamma, h, v_new
 
     @fwd_op.register_fake
     def _(q, k, v, g, beta, h0, cu_seqlens, n, scale, output_final_state):
@@ -315,21 +351,25 @@ def _register_ops():
         o = q.new_empty(B, T, H, V)
         ht = q.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else \
             q.new_empty(0, dtype=torch.float32)
+        keep = keeps_states(q.dtype, n, K)
+        h = q.new_empty(NC, H, K, V) if keep else q.new_empty(0)
+        v_new = k.new_empty(NC, H, BL, V) if keep else k.new_empty(0)
         return (o, ht, k.new_empty(NC, H, BL, BL), q.new_empty(NC, H, BL, dtype=torch.float32),
-                q.new_empty(NC, H, dtype=torch.float32))
+                q.new_empty(NC, H, dtype=torch.float32), h, v_new)
 
     @torch.library.custom_op("dpx::chunk_dp_bwd", mutates_args=())
     def bwd_op(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], beta: Tensor, h0: Optional[Tensor], t: Tensor,
-               G: Tensor, gamma: Tensor, do: Tensor, dht: Optional[Tensor], cu_seqlens: Optional[Tensor], n: int,
-               scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+               G: Tensor, gamma: Tensor, h: Tensor, v_new: Tensor, do: Tensor, dht: Optional[Tensor],
+               cu_seqlens: Optional[Tensor], n: int, scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
         c = lambda x: None if x is None else x.contiguous()
-        saved = tuple(c(x) for x in (q, k, v, g, beta, h0, t, G, gamma))
+        states = (h, v_new) if h.numel() else ()  # [0]: the forward did not keep them
+        saved = tuple(c(x) for x in (q, k, v, g, beta, h0, t, G, gamma, *states))
         dq, dk, dv, dg, dbeta, dh0 = chunk_backward(saved, c(do), c(dht), _table(q, n, cu_seqlens), scale, cu_seqlens)
         e = lambda: q.new_empty(0, dtype=torch.float32)  # one per absent output: returns must not alias each other
         return dq, dk, dv, (dg if dg is not None else e()), dbeta, (dh0 if dh0 is not None else e())
 
     @bwd_op.register_fake
-    def _(q, k, v, g, beta, h0, t, G, gamma, do, dht, cu_seqlens, n, scale):
+    def _(q, k, v, g, beta, h0, t, G, gamma, h, v_new, do, dht, cu_seqlens, n, scale):
         e = lambda: q.new_empty(0, dtype=torch.float32)
         return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
                 torch.empty_like(g) if g is not None else e(), torch.empty_like(beta),
@@ -337,16 +377,16 @@ def _register_ops():
 
     def setup_context(ctx, inputs, output):
         q, k, v, g, beta, h0, cu_seqlens, n, scale, output_final_state = inputs
-        _, _, t, G, gamma = output
-        ctx.save_for_backward(q, k, v, g, beta, h0, t, G, gamma, cu_seqlens)
+        _, _, t, G, gamma, h, v_new = output
+        ctx.save_for_backward(q, k, v, g, beta, h0, t, G, gamma, h, v_new, cu_seqlens)
         ctx.n, ctx.scale, ctx.has_ht = n, scale, output_final_state
         ctx.has_g, ctx.has_h0 = g is not None, h0 is not None
-        ctx.mark_non_differentiable(t, G, gamma)
+        ctx.mark_non_differentiable(t, G, gamma, h, v_new)
 
-    def backward(ctx, do, dht, _dt, _dG, _dgamma):
-        q, k, v, g, beta, h0, t, G, gamma, cu_seqlens = ctx.saved_tensors
-        dq, dk, dv, dg, dbeta, dh0 = bwd_op(q, k, v, g, beta, h0, t, G, gamma, do, dht if ctx.has_ht else None,
-                                            cu_seqlens, ctx.n, ctx.scale)
+    def backward(ctx, do, dht, _dt, _dG, _dgamma, _dh, _dv_new):
+        q, k, v, g, beta, h0, t, G, gamma, h, v_new, cu_seqlens = ctx.saved_tensors
+        dq, dk, dv, dg, dbeta, dh0 = bwd_op(q, k, v, g, beta, h0, t, G, gamma, h, v_new, do,
+                                            dht if ctx.has_ht else None, cu_seqlens, ctx.n, ctx.scale)
         return (dq, dk, dv, dg if ctx.has_g else None, dbeta, dh0 if ctx.has_h0 else None, None, None, None, None)
 
     fwd_op.register_autograd(backward, setup_context=setup_context)
@@ -363,7 +403,7 @@ except Exception as e:  # noqa: BLE001 - a torch whose torch.library cannot: com
 
 def chunk_dp_apply(q, k, v, g, beta, h0, cu_seqlens, n: int, scale: float, output_final_state: bool):
     """(o, final state or None), as ChunkGatedDeltaProductFunction.apply, through the custom ops."""
-    o, ht, _, _, _ = chunk_dp_fwd_op(q, k, v, g, beta, h0, cu_seqlens, n, scale, output_final_state)
+    o, ht, *_ = chunk_dp_fwd_op(q, k, v, g, beta, h0, cu_seqlens, n, scale, output_final_state)
     return o, (ht if output_final_state else None)
 
 

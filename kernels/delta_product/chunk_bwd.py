@@ -130,6 +130,14 @@ def chunk_dp_bwd_kernel_dqkwg(
         b_db += tl.sum(b_dY * b_v.to(tl.float32), 1)
         b_dT += tl.dot(b_dvn, tl.trans((b_v * b_b[:, None]).to(dt)), input_precision=PREC)
 
+    # The gate gradient's terms are reduced to vectors as soon as their [64, *] operands are formed, so those tiles
+    # die early (b_dqS and b_KK were live to the kernel's end before: more registers spilt in the gated build).
+    # R = D * QK^T stays at the end: formed where D is, it raised the float32 d = 128 build's shared memory over
+    # the limit (262 KB against 196 KB: no config fit)
+    b_dGq0 = tl.zeros([BT], dtype=tl.float32)   # scale e^Gq q . dO S^T   (the e^Gq factor)
+    b_Ms0 = tl.zeros([BL], dtype=tl.float32)    # sum_i M[i, s], M = dA * A  (A's decay)
+    b_Ms1 = tl.zeros([BL], dtype=tl.float32)    # sum_j M[s, j]
+    b_dgs = tl.sum(b_dgam, 0)
     # state update: Kd = e^{G_L-G} K, gamma = e^{G_L}; b_dk holds dKd so far
     b_GL = tl.sum(tl.where(o_l == BL - 1, b_G, 0), 0)
     b_ed = tl.exp(b_GL - b_G)
@@ -139,6 +147,8 @@ def chunk_dp_bwd_kernel_dqkwg(
     m_s = ((o_t * NH + NH - 1)[:, None] >= o_l[None, :]) & m_t[:, None]
     b_D = tl.where(m_s, b_dP * tl.exp(tl.where(m_s, b_Gq[:, None] - b_G[None, :], 0)), 0) * scale
     b_eGq = tl.exp(b_Gq)
+    if USE_G:
+        b_dGq0 = scale * b_eGq * tl.sum(b_q.to(tl.float32) * b_dqS, 1)
     b_Dc = b_D.to(dt)
     b_dq = b_dqS * (scale * b_eGq)[:, None] + tl.dot(b_Dc, b_k, input_precision=PREC)
     tl.store(dq + p_q, b_dq.to(dq.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
@@ -165,6 +175,10 @@ def chunk_dp_bwd_kernel_dqkwg(
     b_dA = tl.where(m_a, -b_dA, 0)
     b_KK = tl.dot(b_k, tl.trans(b_k), input_precision=PREC) * b_E   # A = diag(beta) KK
     b_db += b_xk * b_eG + tl.sum(b_dA * b_KK, 1)
+    if USE_G:
+        b_M = b_dA * b_KK * b_b[:, None]
+        b_Ms1 = tl.sum(b_M, 1)
+        b_Ms0 = tl.sum(b_M, 0)
     # A_ij = beta_i e^{G_i-G_j} k_i.k_j: dk_i += sum_j Bm_ij k_j and dk_j += sum_i Bm_ij k_i, one product with
     # Bm + Bm^T (strictly lower + strictly upper: the sum rounds nothing); Bm^T through memory as D^T above
     b_Bm = (b_dA * b_E * b_b[:, None]).to(dt)
@@ -177,14 +191,14 @@ def chunk_dp_bwd_kernel_dqkwg(
     tl.store(dbeta + (bos * NH + o_l) * H + i_h, b_db.to(dbeta.dtype.element_ty), mask=m_l)
 
     if USE_G:
-        # dG_s from every exp: A (M = dA * A), X, Kd and gamma (at G_L), P (R = D * QK^T), e^Gq (at i_t)
-        b_M = b_dA * b_KK * b_b[:, None]
-        b_dG = tl.sum(b_M, 1) - tl.sum(b_M, 0) + b_b * b_eG * b_xk
-        b_R = b_D * tl.dot(b_q, tl.trans(b_k), input_precision=PREC)
+        # dG_s from every exp: A (M = dA * A), X, Kd and gamma (at G_L), P (R = D * QK^T), e^Gq (at i_t); the
+        # row and column sums of M were taken above, where M's operands were formed
+        b_dG = b_Ms1 - b_Ms0 + b_b * b_eG * b_xk
+        b_R = b_D * tl.dot(b_q, tl.trans(b_k), input_precision=PREC)   # R = D * QK^T (P's decay)
         b_dG -= tl.sum(b_R, 0)
         b_dG -= b_kdk
-        b_dG += tl.where(o_l == BL - 1, tl.sum(b_kdk, 0) + tl.sum(b_dgam, 0) * tl.exp(b_GL), 0)
-        b_dGq = scale * b_eGq * tl.sum(b_q.to(tl.float32) * b_dqS, 1) + tl.sum(b_R, 1)
+        b_dG += tl.where(o_l == BL - 1, tl.sum(b_kdk, 0) + b_dgs * tl.exp(b_GL), 0)
+        b_dGq = b_dGq0 + tl.sum(b_R, 1)
         b_dG += tl.sum(tl.where((o_t * NH + NH - 1)[:, None] == o_l[None, :], b_dGq[:, None], 0), 0)
         # G = in-chunk cumsum of the per-step log gate (g_t on step t*n): dg_t = sum_{s >= t*n} dG_s
         b_dgi = tl.cumsum(b_dG, 0, reverse=True)
