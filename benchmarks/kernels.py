@@ -281,6 +281,22 @@ def reset_dpx_autotune() -> int:
     return n
 
 
+def dpx_autotune_picks() -> dict:
+    """Every dpx kernel's current autotune picks, {kernel: {key: config}} as strings: what the timed row ran with.
+    Recorded per row because a pick can differ between runs at the same shape and sha (inv at n_h = 3: 0.579 against
+    0.438 ms, H200, session 13), and only the pick says which config that was."""
+    from dpx.kernels.utils import autotuner, kernel_name
+    picks = {}
+    for name, mod in list(sys.modules.items()):
+        if not name.startswith("dpx.kernels") or mod is None:
+            continue
+        for obj in vars(mod).values():
+            at = autotuner(obj)
+            if at is not None and at.cache:
+                picks[kernel_name(obj)] = {str(k): str(c) for k, c in at.cache.items()}
+    return picks
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -407,7 +423,8 @@ def main():
         for choice in dqkwgs:
             tune_at((n, gated))
             st = with_dqkwg(choice, lambda: stage_times(B, T, H, K, V, n, gated, dtype, dev))
-            stages.append(dict(who="dpx", n=n, gated=gated, dqkwg=choice or "env", ms=st))
+            stages.append(dict(who="dpx", n=n, gated=gated, dqkwg=choice or "env", ms=st,
+                               autotune_picks=dpx_autotune_picks()))
             with open(os.path.join(args.out, "kernels_stages.jsonl"), "a") as f:
                 f.write(json.dumps(stages[-1]) + "\n")
             say(f"stages n={n} gated={gated} dqkwg={choice or 'env'} (ms): " + ", ".join(
@@ -459,8 +476,11 @@ def main():
                     row["fla_fwdbwd"] = bench(warmed(fb_fla), warmup=5, rep=50)
                 except Exception as e:  # noqa: BLE001
                     row["fla_fwdbwd"] = f"error: {type(e).__name__}: {str(e)[:80]}"
-            rows.append(row)
             say(json.dumps(row))
+            row["autotune_picks"] = picks = dpx_autotune_picks()
+            say(f"autotune picks n={n} gated={gated}: " + "; ".join(
+                f"{k} {' | '.join(v.values())}" for k, v in sorted(picks.items())))
+            rows.append(row)
             with open(os.path.join(args.out, "kernels_rows.jsonl"), "a") as f:
                 f.write(json.dumps(row) + "\n")
             del xs, xg

@@ -55,3 +55,28 @@ def test_reset_dpx_autotune_clears_every_kernel_cache(monkeypatch):
     assert wrapped.fn.cache == {} and bare.cache == {}
     assert elsewhere.cache == {(4,): pick}  # only dpx's kernels are reset
     assert bench.reset_dpx_autotune() == 0  # nothing left to forget
+
+
+def test_dpx_autotune_picks_names_each_kernel_and_its_config(monkeypatch):
+    # the row records which config each dpx kernel ran with (the inv pick at n_h = 3 moved between two H200 runs)
+    bench = _load()
+
+    @triton.heuristics({"X": lambda a: 1})
+    @triton.autotune(configs=[triton.Config({"B": 16}), triton.Config({"B": 32})], key=["n"])
+    @triton.jit
+    def tuned_kernel(x, n, B: tl.constexpr, X: tl.constexpr):
+        pass
+
+    @triton.autotune(configs=[triton.Config({"B": 16})], key=["n"])
+    @triton.jit
+    def untouched(x, n, B: tl.constexpr):
+        pass
+
+    mod = types.ModuleType("dpx.kernels._picks_fake")
+    mod.tuned_kernel, mod.untouched = tuned_kernel, untouched
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    tuned_kernel.fn.cache[(4,)] = triton.Config({"B": 32}, num_warps=2, num_stages=1)
+    picks = bench.dpx_autotune_picks()
+    assert set(picks.get("tuned_kernel", {})) == {"(4,)"}
+    assert "B: 32" in picks["tuned_kernel"]["(4,)"] and "num_warps: 2" in picks["tuned_kernel"]["(4,)"]
+    assert "untouched" not in picks  # never tuned: no pick to report
