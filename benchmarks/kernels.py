@@ -282,9 +282,11 @@ def reset_dpx_autotune() -> int:
 
 
 def dpx_autotune_picks() -> dict:
-    """Every dpx kernel's current autotune picks, {kernel: {key: config}} as strings: what the timed row ran with.
-    Recorded per row because a pick can differ between runs at the same shape and sha (inv at n_h = 3: 0.579 against
-    0.438 ms, H200, session 13), and only the pick says which config that was."""
+    """Every dpx kernel's current autotune picks, {kernel: {key: config}} as strings: what the timed row ran with,
+    and under "timings" {config: [median, p20, p80] ms} of the kernel's last tuning (Triton keeps it as
+    configs_timings). Recorded per row because a pick can differ between runs at the same shape and sha (inv at
+    n_h = 3: 0.579 against 0.438 ms, H200, session 13; session 8's sweep has 4 warps at 0.577 and 2 at 0.440 there),
+    and only the pick and its timings say whether the tuning measured wrong or the kernel ran slow."""
     from dpx.kernels.utils import autotuner, kernel_name
     picks = {}
     for name, mod in list(sys.modules.items()):
@@ -294,6 +296,9 @@ def dpx_autotune_picks() -> dict:
             at = autotuner(obj)
             if at is not None and at.cache:
                 picks[kernel_name(obj)] = {str(k): str(c) for k, c in at.cache.items()}
+                timings = getattr(at, "configs_timings", None) or {}
+                if timings:
+                    picks[kernel_name(obj)]["timings"] = {str(c): t for c, t in timings.items()}
     return picks
 
 
@@ -479,7 +484,7 @@ def main():
             say(json.dumps(row))
             row["autotune_picks"] = picks = dpx_autotune_picks()
             say(f"autotune picks n={n} gated={gated}: " + "; ".join(
-                f"{k} {' | '.join(v.values())}" for k, v in sorted(picks.items())))
+                f"{k} {' | '.join(c for key, c in v.items() if key != 'timings')}" for k, v in sorted(picks.items())))
             rows.append(row)
             with open(os.path.join(args.out, "kernels_rows.jsonl"), "a") as f:
                 f.write(json.dumps(row) + "\n")

@@ -80,3 +80,5 @@ def test_dpx_autotune_picks_names_each_kernel_and_its_config(monkeypatch):
     assert set(picks.get("tuned_kernel", {})) == {"(4,)"}
     assert "B: 32" in picks["tuned_kernel"]["(4,)"] and "num_warps: 2" in picks["tuned_kernel"]["(4,)"]
     assert "untouched" not in picks  # never tuned: no pick to report
+    tuned_kernel.fn.configs_timings = {tuned_kernel.fn.configs[0]: [0.5, 0.4, 0.6]}  # what Triton keeps of a tuning
+    assert list(bench.dpx_autotune_picks()["tuned_kernel"]["timings"].values()) == [[0.5, 0.4, 0.6]]
