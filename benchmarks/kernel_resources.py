@@ -3,7 +3,8 @@
 The launch paths of `chunk_gated_delta_product` (forward and backward) and of the decode kernel run on the CPU
 with Triton's autotuner intercepted, so each kernel launch is recorded (arguments, constexprs, the autotune
 configs that would be tried) instead of executed; every recorded (kernel, config) is then compiled ahead of time
-for sm_90 with Triton's own compiler and `ptxas -v`. A config whose shared memory is over the per-block limit
+for sm_90 with Triton's own compiler and `ptxas -v` (each distinct (kernel, config) once, `--jobs` at a time in
+spawned processes; the registers and spills are read from Triton's own ptxas log, so ptxas runs once a build). A config whose shared memory is over the per-block limit
 (232,448 B on H100/H200) cannot launch: the autotuner skips it, and where it is the only config (DPX_NO_AUTOTUNE=1,
 or the only one left after pruning) the call fails with OutOfResources on the GPU. Spills (local-memory traffic)
 are what the register-heavy kernels pay in speed.
@@ -18,13 +19,18 @@ Numbers come from the local Triton (3.7.1 here); the GPU image runs Triton 3.6, 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
+import io
 import json
+import multiprocessing
 import os
 import re
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 if os.environ.get("TRITON_INTERPRET") == "1":
@@ -97,24 +103,51 @@ def fits(r: dict) -> bool:
     return "error" not in r and r["shared"] <= HOPPER_SHARED_LIMIT
 
 
+PTXAS_FLAGS = ["-lineinfo", "-v", "--regAllocOptLevel=2"]  # what Triton's make_cubin passes (its numbers, not others)
+
+
+def _ptxas_numbers(text: str, ok: bool) -> dict:
+    num = lambda pat: int(m.group(1)) if (m := re.search(pat, text)) else 0
+    return {"regs": num(r"Used (\d+) registers"), "spill_st": num(r"(\d+) bytes spill stores"),
+            "spill_ld": num(r"(\d+) bytes spill loads"), "ok": ok}
+
+
 def ptxas_report(ptx: str, cc: int, arch: str) -> dict:
     with tempfile.TemporaryDirectory() as d:
         f = Path(d) / "k.ptx"
         f.write_text(ptx)
-        r = subprocess.run([get_ptxas(cc).path, "-v", f"--gpu-name={arch}", str(f), "-o", str(Path(d) / "k.cubin")],
-                           capture_output=True, text=True)
-    text = r.stderr
-    num = lambda pat: int(m.group(1)) if (m := re.search(pat, text)) else 0
-    return {"regs": num(r"Used (\d+) registers"), "spill_st": num(r"(\d+) bytes spill stores"),
-            "spill_ld": num(r"(\d+) bytes spill loads"), "ok": r.returncode == 0}
+        r = subprocess.run([get_ptxas(cc).path, *PTXAS_FLAGS, f"--gpu-name={arch}", str(f), "-o",
+                            str(Path(d) / "k.cubin")], capture_output=True, text=True)
+    return _ptxas_numbers(r.stderr, r.returncode == 0)
 
 
 def compile_one(jf: JITFunction, values: dict, config, cc: int, sig_consts: tuple | None = None) -> dict:
     sig, consts = sig_consts or signature(jf, values, config)
-    opts = {"num_warps": config.num_warps, "num_stages": config.num_stages}
-    c = triton.compile(ASTSource(fn=jf, signature=sig, constexprs=consts), target=GPUTarget("cuda", cc, 32),
-                       options=opts)
-    return {"shared": c.metadata.shared, **ptxas_report(c.asm["ptx"], cc, f"sm_{cc}a" if cc == 90 else f"sm_{cc}")}
+    return _compile(jf, sig, consts, config.num_warps, config.num_stages, cc)
+
+
+def _compile(jf: JITFunction, sig: dict, consts: dict, warps: int, stages: int, cc: int) -> dict:
+    """Compile one (kernel, config) for sm_cc. Triton runs ptxas -v itself and, with its ptxas log dumped, prints
+    the registers and spills: those are read from its output, so ptxas runs once. On a hit in Triton's on-disk
+    cache nothing is built and ptxas runs here on the cached PTX, with Triton's flags."""
+    triton.knobs.nvidia.dump_ptxas_log = True
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        c = triton.compile(ASTSource(fn=jf, signature=sig, constexprs=consts), target=GPUTarget("cuda", cc, 32),
+                           options={"num_warps": warps, "num_stages": stages})
+    log = out.getvalue()
+    arch = f"sm_{cc}a" if cc == 90 else f"sm_{cc}"
+    nums = _ptxas_numbers(log, True) if "Used " in log else ptxas_report(c.asm["ptx"], cc, arch)
+    return {"shared": c.metadata.shared, **nums}
+
+
+def _compile_job(job: tuple) -> dict:
+    """A worker's compile (spawned process): the kernel found again by module and name, as the launch recorded it."""
+    module, name, sig, consts, warps, stages, cc = job
+    try:
+        return _compile(_jit(getattr(importlib.import_module(module), name)), sig, consts, warps, stages, cc)
+    except Exception as e:  # a compile error is a finding too
+        return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"}
 
 
 def launches(dtype: torch.dtype, d: int, n: int, gated: bool, bwd_fp32: str, dqkwg: str | None = None) -> list:
@@ -163,12 +196,16 @@ def main(argv=None) -> int:
                     help="DPX_KERNEL_DQKWG for the backward launches (both: each; default: as the environment has it)")
     ap.add_argument("--kernels", default="", help="only kernels whose name contains one of these (comma list)")
     ap.add_argument("--cc", type=int, default=90)
+    ap.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)),
+                    help="parallel compiles (spawned processes; default: this machine's cores)")
     ap.add_argument("--out", type=Path, help="also write the markdown table here")
     ap.add_argument("--json", type=Path, help="also write every launch and its configs' results here")
     a = ap.parse_args(argv)
 
-    done: dict = {}
-    rows, report = [], []
+    # pass 1: record every launch and its configs; pass 2: compile each distinct (kernel, config) once, `--jobs` at
+    # a time in spawned processes (a compile is a single-threaded MLIR/LLVM/ptxas pipeline: 2 cores, 2x)
+    jobs: dict = {}  # key -> (job, printed label parts)
+    plan = []        # (launch dict, [(label, key)])
     t0 = time.time()
     wanted = [k for k in a.kernels.split(",") if k]
     for dname in a.dtypes.split(","):
@@ -180,30 +217,47 @@ def main(argv=None) -> int:
                     if wanted and not any(w in jf.__name__ for w in wanted):
                         continue
                     launch = {"kernel": jf.__name__, "dtype": dname, "d": d, "n_h": n, "configs": []}
+                    cfgs = []
                     for cfg in configs:
                         sig, consts = signature(jf, values, cfg)
                         label = " ".join([f"{k}={v}" for k, v in cfg.kwargs.items()]
                                          + [f"w={cfg.num_warps}", f"s={cfg.num_stages}"])
                         key = (jf.__name__, tuple(sorted(sig.items())), tuple(sorted(map(str, consts.items()))),
                                cfg.num_warps, cfg.num_stages)
-                        if key not in done:
-                            try:
-                                done[key] = compile_one(jf, values, cfg, a.cc, (sig, consts))
-                            except Exception as e:  # a compile error is a finding too
-                                done[key] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"}
-                            r = done[key]
+                        if key not in jobs:
                             dts = sorted({t[1:] for t in sig.values() if t.startswith("*")} - {"i32", "i64"})
                             blocks = " ".join([f"{c}={consts[c]}" for c in ("BT", "BK", "BV")
                                                if c in consts and c not in cfg.kwargs]
                                               + [c for c, x in consts.items() if x is True])  # flags set
-                            rows.append((jf.__name__, "/".join(dts), d, n, blocks, label, r))
-                            print(f"[{time.time() - t0:5.0f}s] {jf.__name__} {'/'.join(dts)} d={d} n_h={n} {blocks} "
-                                  f"{label}: " + (r.get("error") or f"shared {r['shared']} B "
-                                                  f"({'yes' if fits(r) else '**NO**'}), {r['regs']} "
-                                                  f"regs, spill {r['spill_st']}/{r['spill_ld']} B"), flush=True)
-                        launch["configs"].append({"config": label, **done[key]})
-                    launch["fits"] = any(fits(c) for c in launch["configs"])
-                    report.append(launch)
+                            jobs[key] = ((jf.fn.__module__, jf.__name__, sig, consts, cfg.num_warps, cfg.num_stages,
+                                          a.cc), (jf.__name__, "/".join(dts), d, n, blocks, label))
+                        cfgs.append((label, key))
+                    plan.append((launch, cfgs))
+    print(f"[kernel_resources] {len(jobs)} distinct (kernel, config) builds for sm_{a.cc}, {a.jobs} at a time",
+          flush=True)
+    done: dict = {}
+
+    def finished(key, r):
+        done[key] = r
+        name, dts, d, n, blocks, label = jobs[key][1]
+        print(f"[{time.time() - t0:5.0f}s] {name} {dts} d={d} n_h={n} {blocks} {label}: "
+              + (r.get("error") or f"shared {r['shared']} B ({'yes' if fits(r) else '**NO**'}), {r['regs']} "
+                                   f"regs, spill {r['spill_st']}/{r['spill_ld']} B"), flush=True)
+
+    if a.jobs <= 1 or len(jobs) <= 1:
+        for key, (job, _) in jobs.items():
+            finished(key, _compile_job(job))
+    else:
+        with ProcessPoolExecutor(a.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futs = {pool.submit(_compile_job, job): key for key, (job, _) in jobs.items()}
+            for f in as_completed(futs):
+                finished(futs[f], f.result())
+    rows = [(*info, done[key]) for key, (_, info) in jobs.items()]
+    report = []
+    for launch, cfgs in plan:
+        launch["configs"] = [{"config": label, **done[key]} for label, key in cfgs]
+        launch["fits"] = any(fits(c) for c in launch["configs"])
+        report.append(launch)
     lines = [f"Limit: {HOPPER_SHARED_LIMIT:,} B of shared memory per block (sm_{a.cc}); Triton {triton.__version__}.",
              "", "| kernel | dtypes | d | n_h | blocks, flags | config | shared (B) | fits | regs | spill st/ld (B) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
