@@ -104,3 +104,22 @@ def test_env_option_parses_and_reaches_the_cases(tmp_path, monkeypatch):
     row = out["rows"][0]
     assert row["env"] == {"DPX_KERNEL_DQKWG": "split"} and row["dqkwg_kernel"] == "split", row
     assert "--env DPX_KERNEL_DQKWG=split" in (tmp_path / "gpu_check.md").read_text()
+
+
+def test_the_kernels_on_main_passed_a_committed_acceptance_check():
+    # kernel work is done when the GPU check passes at its code: a committed benchmarks/results/gpu_check*.json whose
+    # every row passed at this tree's kernels_sha, over every case the check builds today (the matrix and the shipped
+    # recipes' GPU shapes). A change under kernels/ fails here until its check is committed (benchmarks/pending/ is
+    # where such a change waits); a recipe whose GPU scale adds a kernel shape fails here until the check covers it.
+    sha = gpu_check.kernels_sha()
+    want = {c["id"] for c in gpu_check.matrix_cases() + gpu_check.recipe_cases()[0]}
+    seen = []
+    for f in sorted((ROOT / "benchmarks" / "results").glob("gpu_check*.json")):
+        d = json.loads(f.read_text())
+        rows = [r for r in d.get("rows", []) if r.get("kernels_sha") == sha]
+        passed = {r["id"] for r in rows if r.get("status") == "pass"}
+        seen.append(f"{f.name}: {len(passed)} pass at {sha}")
+        if want <= passed and not any(r.get("status") != "pass" for r in rows if r["id"] in want):
+            return
+    raise AssertionError(f"no committed acceptance check covers kernels_sha {sha} ({len(want)} cases): "
+                         + "; ".join(seen))
