@@ -261,6 +261,18 @@ def rel(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
 
 
+def _dpx_autotuners():
+    """(kernel name, Autotuner) of every autotuned dpx kernel imported so far (also under @triton.heuristics)."""
+    from dpx.kernels.utils import autotuner, kernel_name  # unwraps @heuristics down to the Autotuner
+    for name, mod in list(sys.modules.items()):
+        if not name.startswith("dpx.kernels") or mod is None:
+            continue
+        for obj in vars(mod).values():
+            at = autotuner(obj)
+            if at is not None:
+                yield kernel_name(obj), at
+
+
 def reset_dpx_autotune() -> int:
     """Forget every dpx kernel's autotuned picks, so the next call tunes at its own shape. The kernels' autotune keys
     name head dims, head count and dtype, not the number of sequences or chunks: a pick made at the small shape of
@@ -268,16 +280,11 @@ def reset_dpx_autotune() -> int:
     took 0.568 ms against 0.408 for its best config (H200, session 9). A training run tunes at its own shape on its
     first step, so each timed (n_h, gated) shape starts fresh, its main row and stage row sharing the picks
     (--keep-autotune: never reset). Returns the kernels reset."""
-    from dpx.kernels.utils import autotuner  # unwraps @heuristics down to the Autotuner
     n = 0
-    for name, mod in list(sys.modules.items()):
-        if not name.startswith("dpx.kernels") or mod is None:
-            continue
-        for obj in vars(mod).values():
-            at = autotuner(obj)
-            if at is not None and at.cache:
-                at.cache.clear()
-                n += 1
+    for _, at in _dpx_autotuners():
+        if at.cache:
+            at.cache.clear()
+            n += 1
     return n
 
 
@@ -287,18 +294,13 @@ def dpx_autotune_picks() -> dict:
     configs_timings). Recorded per row because a pick can differ between runs at the same shape and sha (inv at
     n_h = 3: 0.579 against 0.438 ms, H200, session 13; session 8's sweep has 4 warps at 0.577 and 2 at 0.440 there),
     and only the pick and its timings say whether the tuning measured wrong or the kernel ran slow."""
-    from dpx.kernels.utils import autotuner, kernel_name
     picks = {}
-    for name, mod in list(sys.modules.items()):
-        if not name.startswith("dpx.kernels") or mod is None:
-            continue
-        for obj in vars(mod).values():
-            at = autotuner(obj)
-            if at is not None and at.cache:
-                picks[kernel_name(obj)] = {str(k): str(c) for k, c in at.cache.items()}
-                timings = getattr(at, "configs_timings", None) or {}
-                if timings:
-                    picks[kernel_name(obj)]["timings"] = {str(c): t for c, t in timings.items()}
+    for name, at in _dpx_autotuners():
+        if at.cache:
+            picks[name] = {str(k): str(c) for k, c in at.cache.items()}
+            timings = getattr(at, "configs_timings", None) or {}
+            if timings:
+                picks[name]["timings"] = {str(c): t for c, t in timings.items()}
     return picks
 
 
