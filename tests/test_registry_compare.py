@@ -250,3 +250,21 @@ def test_baselines_every_architecture_beside_theory(tmp_path):
                                       "gated_deltaproduct"}
     assert any("setting differs" in n for n in c.notes) is False  # train length 128 = the paper's
     assert any("Grazzi" in n for n in c.notes)
+
+
+def test_fig5_flags_a_smallest_fit_that_does_not_extrapolate(tmp_path):
+    # the H200 run of 2026-12-03: S3 at n_h = 1 reached 0.97 at its training length 32 but held 0.9 only to 40, n_h 2
+    # to 67; the table's "min n_h 1" must not stand without saying so. S4's smallest fit extrapolates: no note.
+    plan = [("S3", 1, 0.97, 40), ("S3", 2, 1.0, 67), ("S4", 1, 0.0, 3), ("S4", 2, 0.99, 50)]
+    trials = [make_trial(tmp_path, "fig5", f"{g}-{n_h}", dp(n_h), {"name": "word_problem", "group": g,
+                                                                   "train_len": 32},
+                         summary={keys.ACC_AT_TRAIN_LEN: acc, keys.MAX_LEN_ACC90: best})
+              for g, n_h, acc, best in plan]
+    db = tmp_path / "r.duckdb"
+    ingest(db, trials)
+    c = compare(db, "fig5")
+    rows = {r[0]: r for r in c.rows}
+    assert rows["S3"][2] == 1 and rows["S4"][2] == 2
+    flagged = [n for n in c.notes if "without extrapolating" in n]
+    assert len(flagged) == 1 and flagged[0].startswith("S3: the smallest fitting n_h (1)"), c.notes
+    assert "only to 40 tokens (1.25x its training length 32)" in flagged[0] and "larger n_h reaches 67" in flagged[0]
