@@ -5,6 +5,8 @@
 #   PART=2  the rest of it (RESUME=<part 1's _rows.jsonl, copied into the tree>), then the speed table beside fla
 #           at the same sha (SPEED_S, default 200; the fla autotune cache of session 7 keeps fla's warm-up short)
 #   PART=speed  only the speed table
+# MAIN_SPEED_NS=3 (any part): first, before the patches, main's kernels.py rows at those n_h (MAIN_SPEED_S, default
+# 150), which record each kernel's autotune pick and the tuning's timings
 #   source .ci/device_setup.sh && DPX_DEVICE_COPY=1 PART=1 bash benchmarks/pending/device_call.sh
 # The check skips fla's phase (--no-fla): the patches change the gated backward (fla's gated backward does not run
 # on Triton 3.6, so no fla row covers it) and where the saved states are read (bit-identical to recomputing them,
@@ -17,6 +19,13 @@ NAME=${NAME:-gpu_check_pending}
 CACHE=benchmarks/results/kernels_h200_s7/fla_autotune_cache_h200_triton360.tgz
 mkdir -p "$OUT/check" "$OUT/speed"
 echo "main kernels_sha $(python3 benchmarks/gpu_check.py --kernels-sha)"
+if [ -n "${MAIN_SPEED_NS:-}" ]; then  # e.g. MAIN_SPEED_NS=3: main's speed rows (with each kernel's picks) first
+  mkdir -p "$OUT/main_speed"
+  timeout "${MAIN_SPEED_S:-150}" python3 benchmarks/kernels.py --out "$OUT/main_speed" --no-check --no-decode \
+    --ns "$MAIN_SPEED_NS" --bwd-ns "$MAIN_SPEED_NS" --fla-ns "$MAIN_SPEED_NS" --fla-bwd --stages --autotune-cache "$CACHE" \
+    2>&1 | grep -v '^\[.*{' | tail -n 12
+  echo "main speed rc ${PIPESTATUS[0]}"
+fi
 grep -v '^#' benchmarks/pending/series | while read -r p; do
   [ -n "$p" ] || continue
   git apply "benchmarks/pending/$p.patch" || { echo "patch $p does not apply"; exit 1; }
