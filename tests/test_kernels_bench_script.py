@@ -24,9 +24,9 @@ def _load():
     return mod
 
 
-def test_reset_dpx_autotune_clears_every_kernel_cache(monkeypatch):
-    bench = _load()
-
+def _fake_dpx_kernels(monkeypatch):
+    """Two autotuned kernels in a fake dpx.kernels module: `wrapped` under @triton.heuristics (two configs), `bare`
+    (one config); and `elsewhere`, autotuned too, in a module outside dpx."""
     @triton.heuristics({"X": lambda a: 1})
     @triton.autotune(configs=[triton.Config({"B": 16}), triton.Config({"B": 32})], key=["n"])
     @triton.jit
@@ -49,6 +49,12 @@ def test_reset_dpx_autotune_clears_every_kernel_cache(monkeypatch):
     other.elsewhere = elsewhere
     monkeypatch.setitem(sys.modules, mod.__name__, mod)
     monkeypatch.setitem(sys.modules, other.__name__, other)
+    return wrapped, bare, elsewhere
+
+
+def test_reset_dpx_autotune_clears_every_kernel_cache(monkeypatch):
+    bench = _load()
+    wrapped, bare, elsewhere = _fake_dpx_kernels(monkeypatch)
     pick = triton.Config({"B": 32})
     wrapped.fn.cache[(4,)] = bare.cache[(4,)] = elsewhere.cache[(4,)] = pick
     assert bench.reset_dpx_autotune() >= 2
@@ -60,25 +66,13 @@ def test_reset_dpx_autotune_clears_every_kernel_cache(monkeypatch):
 def test_dpx_autotune_picks_names_each_kernel_and_its_config(monkeypatch):
     # the row records which config each dpx kernel ran with (the inv pick at n_h = 3 moved between two H200 runs)
     bench = _load()
-
-    @triton.heuristics({"X": lambda a: 1})
-    @triton.autotune(configs=[triton.Config({"B": 16}), triton.Config({"B": 32})], key=["n"])
-    @triton.jit
-    def tuned_kernel(x, n, B: tl.constexpr, X: tl.constexpr):
-        pass
-
-    @triton.autotune(configs=[triton.Config({"B": 16})], key=["n"])
-    @triton.jit
-    def untouched(x, n, B: tl.constexpr):
-        pass
-
-    mod = types.ModuleType("dpx.kernels._picks_fake")
-    mod.tuned_kernel, mod.untouched = tuned_kernel, untouched
-    monkeypatch.setitem(sys.modules, mod.__name__, mod)
-    tuned_kernel.fn.cache[(4,)] = triton.Config({"B": 32}, num_warps=2, num_stages=1)
+    wrapped, bare, elsewhere = _fake_dpx_kernels(monkeypatch)
+    wrapped.fn.cache[(4,)] = triton.Config({"B": 32}, num_warps=2, num_stages=1)
+    elsewhere.cache[(4,)] = triton.Config({"B": 16})
     picks = bench.dpx_autotune_picks()
-    assert set(picks.get("tuned_kernel", {})) == {"(4,)"}
-    assert "B: 32" in picks["tuned_kernel"]["(4,)"] and "num_warps: 2" in picks["tuned_kernel"]["(4,)"]
-    assert "untouched" not in picks  # never tuned: no pick to report
-    tuned_kernel.fn.configs_timings = {tuned_kernel.fn.configs[0]: [0.5, 0.4, 0.6]}  # what Triton keeps of a tuning
-    assert list(bench.dpx_autotune_picks()["tuned_kernel"]["timings"].values()) == [[0.5, 0.4, 0.6]]
+    assert set(picks.get("wrapped", {})) == {"(4,)"}
+    assert "B: 32" in picks["wrapped"]["(4,)"] and "num_warps: 2" in picks["wrapped"]["(4,)"]
+    assert "bare" not in picks  # never tuned: no pick to report
+    assert "elsewhere" not in picks  # not a dpx kernel
+    wrapped.fn.configs_timings = {wrapped.fn.configs[0]: [0.5, 0.4, 0.6]}  # what Triton keeps of a tuning
+    assert list(bench.dpx_autotune_picks()["wrapped"]["timings"].values()) == [[0.5, 0.4, 0.6]]

@@ -17,15 +17,17 @@ PART=${PART:?PART=1, 2 or speed}
 OUT=${OUT:-$(pwd)/out}
 NAME=${NAME:-gpu_check_pending}
 CACHE=benchmarks/results/kernels_h200_s7/fla_autotune_cache_h200_triton360.tgz
-mkdir -p "$OUT/check" "$OUT/speed"
+mkdir -p "$OUT/check"
 echo "main kernels_sha $(python3 benchmarks/gpu_check.py --kernels-sha)"
-if [ -n "${MAIN_SPEED_NS:-}" ]; then  # e.g. MAIN_SPEED_NS=3: main's speed rows (with each kernel's picks) first
-  mkdir -p "$OUT/main_speed"
-  timeout "${MAIN_SPEED_S:-150}" python3 benchmarks/kernels.py --out "$OUT/main_speed" --no-check --no-decode \
-    --ns "$MAIN_SPEED_NS" --bwd-ns "$MAIN_SPEED_NS" --fla-ns "$MAIN_SPEED_NS" --fla-bwd --stages --autotune-cache "$CACHE" \
-    2>&1 | grep -v '^\[.*{' | tail -n 12
-  echo "main speed rc ${PIPESTATUS[0]}"
-fi
+speed() {  # $1: output folder, $2: n_h list, $3: limit (s), then extra kernels.py arguments
+  local dir=$1 ns=$2 limit=$3; shift 3
+  mkdir -p "$dir"
+  timeout "$limit" python3 benchmarks/kernels.py --out "$dir" --no-check --no-decode --ns "$ns" --bwd-ns "$ns" \
+    --fla-ns "$ns" --fla-bwd --stages --autotune-cache "$CACHE" "$@" 2>&1 | grep -v '^\[.*{' | tail -n 16
+  echo "speed ($dir) rc ${PIPESTATUS[0]}"
+}
+# e.g. MAIN_SPEED_NS=3: main's speed rows (with each kernel's picks) first
+[ -n "${MAIN_SPEED_NS:-}" ] && speed "$OUT/main_speed" "$MAIN_SPEED_NS" "${MAIN_SPEED_S:-150}"
 grep -v '^#' benchmarks/pending/series | while read -r p; do
   [ -n "$p" ] || continue
   git apply "benchmarks/pending/$p.patch" || { echo "patch $p does not apply"; exit 1; }
@@ -37,16 +39,10 @@ check() {  # $1: budget (s); RESUME, if set, is part 1's rows
     --budget-s "$1" --no-fla --name "$NAME" ${RESUME:+--resume "$RESUME"} 2>&1 | tail -n 8
   echo "check rc ${PIPESTATUS[0]}"
 }
-speed() {
-  timeout "${SPEED_S:-200}" python3 benchmarks/kernels.py --out "$OUT/speed" --no-check --no-decode --ns 2,3,1 \
-    --bwd-ns 2,3,1 --fla-ns 2,3,1 --fla-bwd --stages --also-env DPX_KERNEL_SAVE_STATES=0 --autotune-cache "$CACHE" \
-    2>&1 | grep -v '^\[.*{' | tail -n 16
-  echo "speed rc ${PIPESTATUS[0]}"
-}
 case "$PART" in
   1) check "${CHECK_S:-380}" ;;
   2) [ -n "${RESUME:-}" ] || { echo "PART=2 needs RESUME=<part 1's _rows.jsonl>"; exit 2; }
-     check "${CHECK_S:-300}"; speed ;;
-  speed) speed ;;
+     check "${CHECK_S:-300}"; speed "$OUT/speed" 2,3,1 "${SPEED_S:-200}" --also-env DPX_KERNEL_SAVE_STATES=0 ;;
+  speed) speed "$OUT/speed" 2,3,1 "${SPEED_S:-200}" --also-env DPX_KERNEL_SAVE_STATES=0 ;;
   *) echo "PART: expected 1, 2 or speed, got $PART"; exit 2 ;;
 esac
