@@ -339,3 +339,19 @@ def test_save_states_switch(monkeypatch):
     monkeypatch.setenv("DPX_KERNEL_SAVE_STATES", "yes")
     with pytest.raises(ValueError, match="DPX_KERNEL_SAVE_STATES"):
         save_states()
+
+
+def test_inv_autotune_prune_keeps_two_warps_for_bf16_up_to_128():
+    # the H200 sweep (session 8) had 2 warps fastest for bf16 at d = 128, n_h 1-3; the autotuner still picked 4 warps
+    # once (session 13): the pick is fixed there, the rest keep every config, and a single config is never pruned away
+    import triton
+    from dpx.kernels.delta_product.wy_fast import _inv_prune, chunk_dp_fwd_kernel_inv
+    from dpx.kernels.utils import autotuner
+    assert autotuner(chunk_dp_fwd_kernel_inv).early_config_prune is _inv_prune
+    cs = [triton.Config({}, num_warps=w, num_stages=1) for w in (2, 4, 8)]
+    warps = lambda **kw: [c.num_warps for c in _inv_prune(cs, {}, **kw)]
+    assert warps(FAST_INV=True, BK=128) == [2] and warps(FAST_INV=True, BK=32) == [2]
+    assert warps(FAST_INV=True, BK=256) == [2, 4, 8]
+    assert warps(FAST_INV=False, BK=64) == [2, 4, 8]  # float32 / float16: no sweep says otherwise
+    one = [triton.Config({}, num_warps=4, num_stages=1)]
+    assert _inv_prune(one, {}, FAST_INV=True, BK=64) == one  # DPX_NO_AUTOTUNE's single config stays

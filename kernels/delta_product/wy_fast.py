@@ -84,11 +84,21 @@ def _store_block(p, x, row0, col0, BL: tl.constexpr):
     tl.store(p + (row0 + o)[:, None] * BL + col0 + o[None, :], x.to(p.dtype.element_ty))
 
 
+def _inv_prune(configs, named_args, **kwargs):
+    """bfloat16 (FAST_INV) at head dims up to 128: 2 warps only. Session 8's sweep on the H200 (bf16, d = 128) had 2
+    warps fastest at every n_h 1-3, gated or not, by 1.30-1.37x over 4 (n_h 3: 0.440 against 0.577 ms), and yet the
+    autotuner picked 4 there in one of two runs at one sha (session 13: inv 0.579 against 0.438 ms, the whole forward
+    difference). Wider tiles, float32 and float16 (other inverse, no sweep) keep every config."""
+    if kwargs.get("FAST_INV") and kwargs.get("BK", 256) <= 128:
+        return [c for c in configs if c.num_warps == 2] or configs
+    return configs
+
+
 # 2 warps added after kernel_configs.py on the H200 (session 8): 0.291 against 0.381 ms at n_h = 2 (1.3x at n_h 1-3,
 # gated or not); 8 warps were 1.8x slower there but stay for the wide head dims
 @triton.autotune(configs=autotune_configs([triton.Config({}, num_warps=w, num_stages=s) for w in (2, 4, 8)
                                            for s in (1,)]),
-                 key=["K", "NH", "BK", "USE_G", "FAST_INV"])
+                 key=["K", "NH", "BK", "USE_G", "FAST_INV"], prune_configs_by={"early_config_prune": _inv_prune})
 @triton.jit(do_not_specialize=["H"])  # H is a runtime stride: one binary for every head count
 def chunk_dp_fwd_kernel_inv(
     k, beta, g, gamma, G, t, chunk_bos, chunk_len,
