@@ -267,47 +267,20 @@ def main(argv=None) -> int:
             last = (q, k, w, u, kd, gamma, G, tab, sc, p, h, vn, hs, vns, gated)
     if a.ncu and last is not None:  # the last case's kernels, once each, inside the profiled range
         q, k, w, u, kd, gamma, G, tab, sc, p, h, vn, hs, vns, gated = last
-        fla_once = _fla_fwd_once(km, tab.n, gated) if not a.no_fla and km.fla_chunk is not None else None
+        fla = km.fla_forward_stages(B, T, H, D, D, tab.n, gated, torch.bfloat16, "cuda") \
+            if not a.no_fla and km.fla_chunk is not None else None
         torch.cuda.synchronize()
         torch.cuda.profiler.start()
         chunk_dp_fwd_h(w, u, kd, gamma, None, tab, False, q.dtype, p)
         chunk_dp_fwd_o(q, k, G, h, vn, tab, sc, p)
         fwd_h_super(w, u, kd, gamma, None, tab, False, q.dtype, p)
         out_tok(q, k, G, hs, vns, tab, sc, p, gated)
-        if fla_once is not None:
-            fla_once()
+        if fla is not None:  # fla's walk and output (its preparation is not what this file studies)
+            fla["fwd_h"]()
+            fla["fwd_o"]()
         torch.cuda.synchronize()
         torch.cuda.profiler.stop()
     return 0
-
-
-def _fla_fwd_once(km, n, gated):
-    """fla's DeltaProduct state walk and output kernel on km.inputs' tensors (as km.fla_stage_times builds them),
-    warmed up (autotuned) here; returns a function that runs each once."""
-    from fla.ops.common.chunk_scaled_dot_kkt import chunk_scaled_dot_kkt_fwd
-    from fla.ops.delta_rule.wy_fast import recompute_w_u_fwd as dn_wu
-    from fla.ops.gated_delta_product.chunk_deltaproduct_h import chunk_gated_delta_product_fwd_h
-    from fla.ops.gated_delta_product.chunk_deltaproduct_o import chunk_gated_delta_product_fwd_o
-    from fla.ops.gated_delta_rule.wy_fast import recompute_w_u_fwd as gdn_wu
-    from fla.ops.utils import chunk_local_cumsum, solve_tril
-    from fla.ops.utils.constant import RCP_LN2
-    q, k, v, g, beta = km.inputs(B, T, H, D, D, n, gated, torch.bfloat16, "cuda")
-    gi = None
-    if gated:
-        g_il = g.new_zeros(B, T, n, H)
-        g_il[:, :, 0] = g
-        g_il = g_il.flatten(1, 2).contiguous()
-        g = chunk_local_cumsum(g, chunk_size=64, scale=RCP_LN2, output_dtype=torch.float32)
-        gi = chunk_local_cumsum(g_il, chunk_size=64, scale=RCP_LN2, output_dtype=torch.float32)
-    Ai = solve_tril(A=chunk_scaled_dot_kkt_fwd(k=k, g=gi, beta=beta, output_dtype=torch.float32), output_dtype=k.dtype)
-    w, u = gdn_wu(k=k, v=v, beta=beta, A=Ai, g=gi) if gated else dn_wu(k=k, v=v, beta=beta, A=Ai, cu_seqlens=None)
-    fh = lambda: chunk_gated_delta_product_fwd_h(k=k, w=w, u=u, g=gi, initial_state=None, output_final_state=False,
-                                                 num_householder=n)
-    h, v_new, _ = fh()
-    fo = lambda: chunk_gated_delta_product_fwd_o(q=q, k=k, v=v_new, h=h, g=g, scale=D ** -0.5, num_householder=n)
-    fo()
-    torch.cuda.synchronize()
-    return lambda: (fh(), fo())
 
 
 if __name__ == "__main__":
