@@ -2,8 +2,9 @@
 
     python3 benchmarks/out_proto.py --out DIR [--ns 2,3] [--gated 0,1]      # one CUDA GPU, ~1-2 minutes
     ncu --profile-from-start off --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
-        --section WarpStateStats --section LaunchStats --section Occupancy \
+        --section WarpStateStats --section LaunchStats --section Occupancy -o DIR/ncu \
         python3 benchmarks/out_proto.py --out DIR --ns 3 --gated 0 --ncu    # the same kernels once each, under ncu
+    ncu --import DIR/ncu.ncu-rep --page details > DIR/ncu.txt             # (ncu: PATH or /opt/nvidia/nsight-compute/*/)
 
 Why (BENCHMARKS.md, session 14): at B=4 T=4096 H=16 d=128 bf16, n_h 3, our output kernel `chunk_dp_fwd_o` reads one
 [K, V] state per 64-step chunk (21 tokens) and takes 0.300 ms, fla's `chunk_gated_delta_product_fwd_o` reads one per
