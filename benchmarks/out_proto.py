@@ -185,6 +185,10 @@ def main(argv=None) -> int:
     ap.add_argument("--ns", default="2,3")
     ap.add_argument("--gated", default="0,1")
     ap.add_argument("--no-fla", action="store_true", help="skip fla's stage timings")
+    ap.add_argument("--autotune-cache", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                                             "kernels_h200_s7", "fla_autotune_cache_h200_triton360.tgz"),
+                    help="a tar of fla's autotune results for this shape (kernels.py's): unpacked into the Triton "
+                         "cache first, so fla does not spend minutes tuning ('' or a missing file: fla tunes)")
     ap.add_argument("--dry-run", action="store_true",
                     help="CPU (TRITON_INTERPRET=1): tiny float32 shapes, one untimed-quality call per kernel, no fla "
                          "(tests/test_out_proto.py runs main() this way)")
@@ -205,7 +209,11 @@ def main(argv=None) -> int:
     from dpx.kernels.delta_product.chunk_o import chunk_dp_fwd_kernel_o, chunk_dp_fwd_o
     from dpx.kernels.delta_product.chunk_super import (chunk_dp_fwd_kernel_h_super, chunk_dp_fwd_kernel_o_super,
                                                        chunk_dp_fwd_h_o_super)
-    km = _kernels_module()
+    km = _kernels_module()  # (sets TRITON_CACHE_AUTOTUNING=1 before it imports fla)
+    if not a.dry_run and not a.no_fla and a.autotune_cache and os.path.exists(a.autotune_cache):
+        import tarfile
+        with tarfile.open(a.autotune_cache) as tf:
+            tf.extractall(km.triton_cache_dir(), filter="data")
     t0 = time.time()
     if a.dry_run:
         def bench(fn):
