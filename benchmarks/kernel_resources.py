@@ -14,7 +14,12 @@ are what the register-heavy kernels pay in speed.
     python benchmarks/kernel_resources.py --dtypes bf16 --dims 64,128 --ns 2,3 --dqkwg both --kernels dqkw,kernel_wy
                                                                 # the fused per-chunk gradient kernel beside the split
 
-Numbers come from the local Triton (3.7.1 here); the GPU image runs Triton 3.6, whose allocation can differ a little.
+Each build gets the specialization a real launch gets from Triton's JIT (`aligned`: 16-byte aligned pointers and
+multiples of 16 marked divisible by 16): without it (this script before session 14) nothing is vectorized and no
+loop is software-pipelined, so the shared memory, registers and spills were not those of the binaries the GPU runs
+(the state walk at bf16 d 128: 41 KB and 255 registers with spills unaligned, 82-147 KB pipelined, 104-204 registers
+and no spill aligned). Numbers come from the local Triton (3.7.1 here); the GPU image runs Triton 3.6, whose
+allocation can differ a little.
 """
 from __future__ import annotations
 
@@ -98,6 +103,22 @@ def signature(jf: JITFunction, values: dict, config) -> tuple[dict, dict]:
     return sig, consts
 
 
+def aligned(jf: JITFunction, values: dict, config) -> tuple:
+    """The parameters a real launch specializes as divisible by 16 (Triton's JIT: a tensor whose data pointer is
+    16-byte aligned, an int that is a multiple of 16; not the do_not_specialize ones). Without these hints a compile
+    vectorizes no load and software-pipelines no loop (no cp.async): its shared memory, registers and spills are not
+    the binary the GPU runs (found in session 14: the state walk showed no async copies at any num_stages)."""
+    allv = {**values, **config.kwargs}
+    out = []
+    for i, p in enumerate(jf.params):
+        v = allv[p.name]
+        if p.is_constexpr or v is None or getattr(p, "do_not_specialize", False) or isinstance(v, bool):
+            continue
+        if (isinstance(v, torch.Tensor) and v.data_ptr() % 16 == 0) or (isinstance(v, int) and v % 16 == 0):
+            out.append(i)
+    return tuple(out)
+
+
 def fits(r: dict) -> bool:
     """A compiled config can launch on sm_90: it compiled and its shared memory is within the per-block limit."""
     return "error" not in r and r["shared"] <= HOPPER_SHARED_LIMIT
@@ -123,18 +144,19 @@ def ptxas_report(ptx: str, cc: int, arch: str) -> dict:
 
 def compile_one(jf: JITFunction, values: dict, config, cc: int, sig_consts: tuple | None = None) -> dict:
     sig, consts = sig_consts or signature(jf, values, config)
-    return _compile(jf, sig, consts, config.num_warps, config.num_stages, cc)
+    return _compile(jf, sig, consts, config.num_warps, config.num_stages, cc, aligned(jf, values, config))
 
 
-def _compile(jf: JITFunction, sig: dict, consts: dict, warps: int, stages: int, cc: int) -> dict:
+def _compile(jf: JITFunction, sig: dict, consts: dict, warps: int, stages: int, cc: int, div16: tuple = ()) -> dict:
     """Compile one (kernel, config) for sm_cc. Triton runs ptxas -v itself and, with its ptxas log dumped, prints
     the registers and spills: those are read from its output, so ptxas runs once. On a hit in Triton's on-disk
     cache nothing is built and ptxas runs here on the cached PTX, with Triton's flags."""
     triton.knobs.nvidia.dump_ptxas_log = True
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        c = triton.compile(ASTSource(fn=jf, signature=sig, constexprs=consts), target=GPUTarget("cuda", cc, 32),
-                           options={"num_warps": warps, "num_stages": stages})
+        c = triton.compile(ASTSource(fn=jf, signature=sig, constexprs=consts,
+                                     attrs={(i,): [["tt.divisibility", 16]] for i in div16}),
+                           target=GPUTarget("cuda", cc, 32), options={"num_warps": warps, "num_stages": stages})
     log = out.getvalue()
     arch = f"sm_{cc}a" if cc == 90 else f"sm_{cc}"
     nums = _ptxas_numbers(log, True) if "Used " in log else ptxas_report(c.asm["ptx"], cc, arch)
@@ -143,9 +165,9 @@ def _compile(jf: JITFunction, sig: dict, consts: dict, warps: int, stages: int, 
 
 def _compile_job(job: tuple) -> dict:
     """A worker's compile (spawned process): the kernel found again by module and name, as the launch recorded it."""
-    module, name, sig, consts, warps, stages, cc = job
+    module, name, sig, consts, warps, stages, cc, div16 = job
     try:
-        return _compile(_jit(getattr(importlib.import_module(module), name)), sig, consts, warps, stages, cc)
+        return _compile(_jit(getattr(importlib.import_module(module), name)), sig, consts, warps, stages, cc, div16)
     except Exception as e:  # a compile error is a finding too
         return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"}
 
@@ -220,17 +242,18 @@ def main(argv=None) -> int:
                     cfgs = []
                     for cfg in configs:
                         sig, consts = signature(jf, values, cfg)
+                        div16 = aligned(jf, values, cfg)
                         label = " ".join([f"{k}={v}" for k, v in cfg.kwargs.items()]
                                          + [f"w={cfg.num_warps}", f"s={cfg.num_stages}"])
                         key = (jf.__name__, tuple(sorted(sig.items())), tuple(sorted(map(str, consts.items()))),
-                               cfg.num_warps, cfg.num_stages)
+                               cfg.num_warps, cfg.num_stages, div16)
                         if key not in jobs:
                             dts = sorted({t[1:] for t in sig.values() if t.startswith("*")} - {"i32", "i64"})
                             blocks = " ".join([f"{c}={consts[c]}" for c in ("BT", "BK", "BV")
                                                if c in consts and c not in cfg.kwargs]
                                               + [c for c, x in consts.items() if x is True])  # flags set
                             jobs[key] = ((jf.fn.__module__, jf.__name__, sig, consts, cfg.num_warps, cfg.num_stages,
-                                          a.cc), (jf.__name__, "/".join(dts), d, n, blocks, label))
+                                          a.cc, div16), (jf.__name__, "/".join(dts), d, n, blocks, label))
                         cfgs.append((label, key))
                     plan.append((launch, cfgs))
     print(f"[kernel_resources] {len(jobs)} distinct (kernel, config) builds for sm_{a.cc}, {a.jobs} at a time",
