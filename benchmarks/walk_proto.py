@@ -23,8 +23,9 @@ chunk's steps (padding) load as zero, as wu's masked k does. Without gates Kd = 
 main() checks it bit for bit against the kd variant on the GPU.
 
 Third variant, `walk_fwd_h_split_pf`: the split walk with the next chunk's W / U / Kd tiles loaded into registers
-(loop-carried) before the current chunk's dots, since Triton pipelines neither walk (no async copies at any
-num_stages on sm_90: the compiled shared memory does not grow with the stages); 4 configs (BV 32/64 x 4/8 warps).
+(loop-carried) before the current chunk's dots (written when the CPU compile showed no async copies at any
+num_stages, an artefact of compiling without the JIT's alignment hints: a real launch of dpx's walk is pipelined);
+4 configs (BV 32/64 x 4/8 warps).
 
 Nothing here is used by dpx's kernels; kernels/ is untouched. Imports: torch, triton, numpy and dpx.kernels only.
 """
@@ -277,9 +278,10 @@ def _u_tile(p_u, i_v, V: tl.constexpr, BL: tl.constexpr, BV: tl.constexpr):
     return _ld(tl.make_block_ptr(p_u, (BL, V), (V, 1), (0, i_v * BV), (BL, BV), (1, 0)), False, V % BV != 0)
 
 
-# Triton's software pipeliner leaves these loops alone (no async copies at any num_stages: the shared memory of a
-# compiled config does not grow with its stages), so each step waits for its own W / U / Kd loads. This variant
-# pipelines by hand: the tiles of chunk c+1 are loaded (into registers) while chunk c's two dependent dots run.
+# Written when the CPU compile (kernel_resources.py without the JIT's alignment hints) showed no async copies at any
+# num_stages; compiled as a real launch is (16-byte aligned pointers), Triton does pipeline dpx's forward walk (its
+# shared memory grows with the stages: cp.async), so this variant is a comparison, not a fix. It pipelines by hand:
+# the tiles of chunk c+1 are loaded (into registers) while chunk c's two dependent dots run.
 PF_CONFIGS = [triton.Config({"BV": bv}, num_warps=w, num_stages=1) for bv in (32, 64) for w in (4, 8)]
 
 
