@@ -392,9 +392,27 @@ _LOCK = threading.Lock()
 _BISECTED: set = set()
 
 
+_GPUS: list = []  # --gpus: the cases go round these (CUDA_VISIBLE_DEVICES per case); empty: the default device
+_NEXT_GPU = [0]
+
+
+def _pick_gpu() -> dict:
+    """The next GPU of --gpus for one case (all its reruns stay on it), as the env its processes get."""
+    if not _GPUS:
+        return {}
+    with _LOCK:
+        g = _GPUS[_NEXT_GPU[0] % len(_GPUS)]
+        _NEXT_GPU[0] += 1
+    return {"CUDA_VISIBLE_DEVICES": g}
+
+
 def check_one(c, timeout=200) -> dict:
-    res = _spawn(c, timeout=timeout)
+    gpu = _pick_gpu()
+    spawn = lambda c_, extra=None, **kw: _spawn(c_, {**gpu, **(extra or {})}, **kw)  # noqa: E731
+    res = spawn(c, timeout=timeout)
     row = dict(c, wall_s=res["wall_s"])
+    if gpu:
+        row["gpu"] = gpu["CUDA_VISIBLE_DEVICES"]
     if "row" in res:
         row.update(res["row"])
         row["status"], row["bad"] = judge(c, res["row"])
@@ -405,11 +423,11 @@ def check_one(c, timeout=200) -> dict:
     if row["status"] == "timeout":
         return row
     # locate: blocking launches name the kernel; then each of its autotune configs alone
-    loc = _spawn(c, {"CUDA_LAUNCH_BLOCKING": "1", "DPX_KERNEL_SYNC": "1"})
+    loc = spawn(c, {"CUDA_LAUNCH_BLOCKING": "1", "DPX_KERNEL_SYNC": "1"})
     row["fault_kernel"] = loc.get("fault_kernel")
     row["blocking_rerun"] = "pass" if "row" in loc else loc.get("error", "")[:300]
     if "row" in loc:  # gone under blocking launches: is it reproducible at all, as the user's run had it?
-        again = _spawn(c)
+        again = spawn(c)
         row["plain_rerun"] = "pass" if "row" in again else again.get("error", "")[:300]
     k = row["fault_kernel"]
     with _LOCK:
@@ -418,7 +436,7 @@ def check_one(c, timeout=200) -> dict:
     if first:  # once per kernel: each config alone, on this case
         row["configs_faulting"] = []
         for i in range(_n_configs(k)):
-            pr = _spawn(c, {"DPX_AUTOTUNE_PIN": f"{k}:{i}", "DPX_KERNEL_SYNC": "1"})
+            pr = spawn(c, {"DPX_AUTOTUNE_PIN": f"{k}:{i}", "DPX_KERNEL_SYNC": "1"})
             if "row" not in pr:
                 row["configs_faulting"].append(i)
     return row
@@ -429,6 +447,8 @@ def main():
     ap.add_argument("--case", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=".")
     ap.add_argument("--jobs", type=int, default=6)
+    ap.add_argument("--gpus", default="", help="comma-separated GPU ids the cases go round (one per case, set as its "
+                    "CUDA_VISIBLE_DEVICES; --jobs counts all of them together); default: the one default device")
     ap.add_argument("--only", default="", help="run the cases whose id contains this (A|B: either)")
     ap.add_argument("--no-recipes", action="store_true")
     ap.add_argument("--no-fla", action="store_true", help="skip phase 2 (fla's error beside ours on 16-bit rows)")
@@ -459,6 +479,7 @@ def main():
     except ValueError as e:
         ap.error(str(e))
     os.environ.update(env)  # every case's process (and its reruns) inherits them
+    _GPUS[:] = [g.strip() for g in a.gpus.split(",") if g.strip()]
     os.environ.pop("TRITON_CACHE_AUTOTUNING", None)  # every case autotunes dpx's kernels afresh, as a user's run
     cases, notes = matrix_cases(), []
     if not a.no_recipes:
@@ -565,7 +586,7 @@ def main():
                # the code that ran (compare with `python3 benchmarks/gpu_check.py --kernels-sha` here)
                "kernels_sha": sha,
                "rows_by_kernels_sha": _count(rows, lambda r: str(r.get("kernels_sha"))),
-               "env": env, "rows_by_env": _count(rows, lambda r: _env_key(r.get("env"))),
+               "env": env, "rows_by_env": _count(rows, lambda r: _env_key(r.get("env"))), "gpus": _GPUS,
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "notes": notes,
                "command": " ".join(["python3", "benchmarks/gpu_check.py"] + sys.argv[1:])}
     (out / f"{a.name}.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1, default=str))

@@ -95,7 +95,8 @@ def test_env_option_parses_and_reaches_the_cases(tmp_path, monkeypatch):
     monkeypatch.setenv("DPX_KERNEL_DQKWG", "fused")
     monkeypatch.delenv("DPX_KERNEL_BWD_FP32", raising=False)
     monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--out", str(tmp_path), "--no-recipes", "--no-fla", "--jobs",
-                                      "1", "--env", "DPX_KERNEL_DQKWG=split"])
+                                      "1", "--env", "DPX_KERNEL_DQKWG=split", "--gpus", "3"])
+    monkeypatch.setattr(gpu_check, "_GPUS", [])
     with pytest.raises(SystemExit) as e:
         gpu_check.main()
     out = json.loads((tmp_path / "gpu_check.json").read_text())
@@ -103,7 +104,16 @@ def test_env_option_parses_and_reaches_the_cases(tmp_path, monkeypatch):
     assert out["summary"]["env"] == {"DPX_KERNEL_DQKWG": "split"} and out["summary"]["pass"] == 1, out["summary"]
     row = out["rows"][0]
     assert row["env"] == {"DPX_KERNEL_DQKWG": "split"} and row["dqkwg_kernel"] == "split", row
+    assert row["gpu"] == "3" and out["summary"]["gpus"] == ["3"]  # --gpus: the case's CUDA_VISIBLE_DEVICES
     assert "--env DPX_KERNEL_DQKWG=split" in (tmp_path / "gpu_check.md").read_text()
+
+
+def test_gpus_go_round(monkeypatch):
+    monkeypatch.setattr(gpu_check, "_GPUS", ["0", "1"])
+    monkeypatch.setattr(gpu_check, "_NEXT_GPU", [0])
+    assert [gpu_check._pick_gpu()["CUDA_VISIBLE_DEVICES"] for _ in range(5)] == ["0", "1", "0", "1", "0"]
+    monkeypatch.setattr(gpu_check, "_GPUS", [])
+    assert gpu_check._pick_gpu() == {}
 
 
 def test_the_kernels_on_main_passed_a_committed_acceptance_check():

@@ -5,6 +5,9 @@
 #   PART=2  the rest of it (RESUME=<part 1's _rows.jsonl, copied into the tree>), then the speed table beside fla
 #           at the same sha (SPEED_S, default 200; the fla autotune cache of session 7 keeps fla's warm-up short)
 #   PART=speed  only the speed table
+# JOBS (default 16): the check's parallel cases; GPUS=0,1: the GPUs its cases go round (gpu_check.py --gpus);
+# CHECK_ONLY: gpu_check.py --only (a dry run of the plumbing on a few cases).
+# A part run again on the same copy skips the patches already applied.
 # MAIN_SPEED_NS=3 (any part): first, before the patches, main's kernels.py rows at those n_h (MAIN_SPEED_S, default
 # 150), which record each kernel's autotune pick and the tuning's timings
 #   source .ci/device_setup.sh && DPX_DEVICE_COPY=1 PART=1 bash benchmarks/pending/device_call.sh
@@ -30,12 +33,15 @@ speed() {  # $1: output folder, $2: n_h list, $3: limit (s), then extra kernels.
 [ -n "${MAIN_SPEED_NS:-}" ] && speed "$OUT/main_speed" "$MAIN_SPEED_NS" "${MAIN_SPEED_S:-150}"
 grep -v '^#' benchmarks/pending/series | while read -r p; do
   [ -n "$p" ] || continue
+  if git apply --reverse --check "benchmarks/pending/$p.patch" 2>/dev/null; then  # a second part on the same copy
+    echo "already applied $p"; continue
+  fi
   git apply "benchmarks/pending/$p.patch" || { echo "patch $p does not apply"; exit 1; }
   echo "applied $p"
 done || exit 1
 echo "patched kernels_sha $(python3 benchmarks/gpu_check.py --kernels-sha)"
 check() {  # $1: budget (s); RESUME, if set, is part 1's rows
-  timeout "${CHECK_TIMEOUT_S:-$(( ${1%.*} + 120 ))}" python3 benchmarks/gpu_check.py --out "$OUT/check" --jobs 16 \
+  timeout "${CHECK_TIMEOUT_S:-$(( ${1%.*} + 120 ))}" python3 benchmarks/gpu_check.py --out "$OUT/check" --jobs "${JOBS:-16}" ${GPUS:+--gpus "$GPUS"} ${CHECK_ONLY:+--only "$CHECK_ONLY"} \
     --budget-s "$1" --no-fla --name "$NAME" ${RESUME:+--resume "$RESUME"} 2>&1 | tail -n 8
   echo "check rc ${PIPESTATUS[0]}"
 }
