@@ -58,16 +58,17 @@ def job(name, n, gated, out, lock_path, budget_s, small=False):
     B, T, H, K, V = (1, 64, 2, 32, 32) if small else (4, 4096, 16, 128, 128)  # small: the CPU plumbing test
     x = stage_inputs(B, T, H, K, V, n, gated, dtype, dev)
     q, k, v, g, beta, do, tab, sc, p = (x[nm] for nm in ("q", "k", "v", "g", "beta", "do", "tab", "sc", "p"))
-    w, u, kd, gamma, G, t, h, vn, dvl, dh, dvn = (x[nm] for nm in ("w", "u", "kd", "gamma", "G", "t", "h", "vn", "dvl",
-                                                                    "dh", "dvn"))
+    w, u, gamma, G, t, h, vn, dvl, dh, dvn = (x[nm] for nm in ("w", "u", "gamma", "G", "t", "h", "vn", "dvl", "dh",
+                                                                "dvn"))
+    ug = g is not None
     calls = {
         "inv": (wf.chunk_dp_fwd_kernel_inv, lambda: wf.chunk_dp_fwd_inv(k, beta, g, tab)),
         "wu": (wf.chunk_dp_fwd_kernel_wu, lambda: wf.chunk_dp_fwd_wu(k, v, beta, G, t, tab, p)),
-        "fwd_h": (ch.chunk_dp_fwd_kernel_h, lambda: ch.chunk_dp_fwd_h(w, u, kd, gamma, None, tab, False, dtype, p)),
+        "fwd_h": (ch.chunk_dp_fwd_kernel_h, lambda: ch.chunk_dp_fwd_h(w, u, k, G, gamma, None, tab, False, dtype, p, ug)),
         "fwd_o": (co.chunk_dp_fwd_kernel_o, lambda: co.chunk_dp_fwd_o(q, k, G, h, vn, tab, sc, p)),
         "dv_local": (cb.chunk_dp_bwd_kernel_dv_local, lambda: cb.chunk_dp_bwd_dv_local(q, k, G, do, tab, sc, p)),
         "dh": (ch.chunk_dp_bwd_kernel_dh,
-               lambda: ch.chunk_dp_bwd_dh(q, do, w, kd, gamma, G, dvl, None, tab, sc, False, p)),
+               lambda: ch.chunk_dp_bwd_dh(q, do, w, k, gamma, G, dvl, None, tab, sc, False, p, ug)),
         "dqkwg": (cb.chunk_dp_bwd_kernel_dqkwg,
                   lambda: cb.chunk_dp_bwd_dqkwg(q, k, v, beta, G, t, h, dh, vn, dvn, do, tab, sc, g is not None, p)),
     }
@@ -76,8 +77,8 @@ def job(name, n, gated, out, lock_path, budget_s, small=False):
         from dpx.kernels.delta_product.index import BL, query_tile
         hs = w.new_empty(tab.NSC, H, K, V, dtype=dtype)
         hsup = lambda: launch(cs.chunk_dp_fwd_kernel_h_super, lambda m: (triton.cdiv(V, m["BV"]), tab.N * H),
-                              w, u, kd, gamma, None, hs, vn, None, tab.seq_chunks, tab.seq_sc, H=H, K=K, V=V, BL=BL,
-                              BK=next_pow2(K), NS=n, PREC=p)
+                              w, u, k, G, gamma, None, hs, vn, None, tab.chunk_bos, tab.chunk_len, tab.seq_chunks,
+                              tab.seq_sc, H=H, K=K, V=V, BL=BL, BK=next_pow2(K), NS=n, BTC=tab.BT, PREC=p, USE_G=ug)
         if name == "o_super":
             hsup()  # the states the output kernel reads (only here: every other job would tune this walk for nothing)
         o = q.new_empty(q.shape[0], H, V)

@@ -128,11 +128,12 @@ def stage_inputs(B, T, H, K, V, n, gated, dtype, dev) -> dict:
     do = torch.randn_like(v[: q.shape[0]])
     tab = chunk_table(B, T, n, dev)
     sc, p = K ** -0.5, "tf32"
-    w, u, kd, gamma, G, t = chunk_dp_fwd_prepare(k, v, beta, g, tab, p, store_t=True)
-    h, vn, _ = chunk_dp_fwd_h(w, u, kd, gamma, None, tab, False, dtype, p)
+    ug = g is not None
+    w, u, gamma, G, t = chunk_dp_fwd_prepare(k, v, beta, g, tab, p, store_t=True)
+    h, vn, _ = chunk_dp_fwd_h(w, u, k, G, gamma, None, tab, False, dtype, p, ug)
     dvl = chunk_dp_bwd_dv_local(q, k, G, do, tab, sc, p)
-    dh, dvn, _ = chunk_dp_bwd_dh(q, do, w, kd, gamma, G, dvl, None, tab, sc, False, p)
-    return dict(q=q, k=k, v=v, g=g, beta=beta, do=do, tab=tab, sc=sc, p=p, w=w, u=u, kd=kd, gamma=gamma, G=G, t=t,
+    dh, dvn, _ = chunk_dp_bwd_dh(q, do, w, k, gamma, G, dvl, None, tab, sc, False, p, ug)
+    return dict(q=q, k=k, v=v, g=g, beta=beta, do=do, tab=tab, sc=sc, p=p, w=w, u=u, gamma=gamma, G=G, t=t,
                 h=h, vn=vn, dvl=dvl, dh=dh, dvn=dvn)
 
 
@@ -148,8 +149,8 @@ def stage_times(B, T, H, K, V, n, gated, dtype, dev):
     from dpx.kernels.delta_product.wy_fast import chunk_dp_fwd_inv, chunk_dp_fwd_prepare, chunk_dp_fwd_wu
     x = stage_inputs(B, T, H, K, V, n, gated, dtype, dev)
     q, k, v, g, beta, do, tab, sc, p = (x[nm] for nm in ("q", "k", "v", "g", "beta", "do", "tab", "sc", "p"))
-    w, u, kd, gamma, G, t, h, vn, dvl, dh, dvn = (x[nm] for nm in ("w", "u", "kd", "gamma", "G", "t", "h", "vn", "dvl",
-                                                                    "dh", "dvn"))
+    w, u, gamma, G, t, h, vn, dvl, dh, dvn = (x[nm] for nm in ("w", "u", "gamma", "G", "t", "h", "vn", "dvl", "dh",
+                                                                "dvn"))
     ug = g is not None
     if dqkwg_kernel(torch.device(dev)) == "split":  # refused where its gradients are wrong (split_refusal)
         _, dko, dw, dgp = chunk_dp_bwd_dqkw(q, k, G, h, dh, vn, dvn, do, tab, sc, ug, p)
@@ -168,17 +169,17 @@ def stage_times(B, T, H, K, V, n, gated, dtype, dev):
     extra = {}
     if n > 1 and fwd_kernel() == "super":  # DPX_KERNEL_FWD=super: both of chunk_super's kernels, vs fwd_h + fwd_o
         from dpx.kernels.delta_product.chunk_super import chunk_dp_fwd_h_o_super
-        extra["fwd_h + fwd_o (super-chunks)"] = bench(lambda: chunk_dp_fwd_h_o_super(q, k, w, u, kd, gamma, G, None,
-                                                                                   tab, sc, False, p))
+        extra["fwd_h + fwd_o (super-chunks)"] = bench(lambda: chunk_dp_fwd_h_o_super(q, k, w, u, gamma, G, None,
+                                                                                   tab, sc, False, p, ug))
     return {
         **extra,
         "prepare (inv + wu)": bench(lambda: chunk_dp_fwd_prepare(k, v, beta, g, tab, p)),
         "inv (T = (I+A)^-1)": bench(lambda: chunk_dp_fwd_inv(k, beta, g, tab)),
-        "wu (W, U, Kd from T; the backward's recompute)": bench(lambda: chunk_dp_fwd_wu(k, v, beta, G, t, tab, p)),
-        "fwd_h": bench(lambda: chunk_dp_fwd_h(w, u, kd, gamma, None, tab, False, dtype, p)),
+        "wu (W, U from T; the backward's recompute)": bench(lambda: chunk_dp_fwd_wu(k, v, beta, G, t, tab, p)),
+        "fwd_h": bench(lambda: chunk_dp_fwd_h(w, u, k, G, gamma, None, tab, False, dtype, p, ug)),
         "fwd_o": bench(lambda: chunk_dp_fwd_o(q, k, G, h, vn, tab, sc, p)),
         "bwd_dv_local": bench(lambda: chunk_dp_bwd_dv_local(q, k, G, do, tab, sc, p)),
-        "bwd_dh": bench(lambda: chunk_dp_bwd_dh(q, do, w, kd, gamma, G, dvl, None, tab, sc, False, p)),
+        "bwd_dh": bench(lambda: chunk_dp_bwd_dh(q, do, w, k, gamma, G, dvl, None, tab, sc, False, p, ug)),
         **dqkwg,
     }
 

@@ -133,7 +133,8 @@ def out_tok(q, k, G, h, v_new, tab: ChunkTable, scale: float, prec: str, gated: 
     return o
 
 
-def fwd_h_super(w, u, kd, gamma, h0, tab: ChunkTable, output_final_state: bool, state_dtype, prec: str):
+def fwd_h_super(w, u, k, G, gamma, h0, tab: ChunkTable, output_final_state: bool, state_dtype, prec: str,
+                gated: bool):
     """chunk_super's walk alone: h [NSC,H,K,V] (state_dtype), v_new [NC,H,BL,V], ht [N,H,K,V] float32 or None."""
     from dpx.kernels.delta_product.chunk_super import chunk_dp_fwd_kernel_h_super
     NC, H, _, K = w.shape
@@ -142,15 +143,15 @@ def fwd_h_super(w, u, kd, gamma, h0, tab: ChunkTable, output_final_state: bool, 
     v_new = torch.empty_like(u)
     ht = w.new_empty(tab.N, H, K, V, dtype=torch.float32) if output_final_state else None
     launch(chunk_dp_fwd_kernel_h_super, lambda meta: (triton.cdiv(V, meta["BV"]), tab.N * H),
-           w, u, kd, gamma, h0, h, v_new, ht, tab.seq_chunks, tab.seq_sc, H=H, K=K, V=V, BL=BL, BK=next_pow2(K),
-           NS=tab.n, PREC=prec)
+           w, u, k, G, gamma, h0, h, v_new, ht, tab.chunk_bos, tab.chunk_len, tab.seq_chunks, tab.seq_sc, H=H, K=K,
+           V=V, BL=BL, BK=next_pow2(K), NS=tab.n, BTC=tab.BT, PREC=prec, USE_G=gated)
     return h, v_new, ht
 
 
-def fwd_h_o_tok(q, k, w, u, kd, gamma, G, h0, tab: ChunkTable, scale: float, output_final_state: bool, prec: str,
+def fwd_h_o_tok(q, k, w, u, gamma, G, h0, tab: ChunkTable, scale: float, output_final_state: bool, prec: str,
                 gated: bool):
     """chunk_super.chunk_dp_fwd_h_o_super's signature and results, with out_tok as the output kernel."""
-    h, v_new, ht = fwd_h_super(w, u, kd, gamma, h0, tab, output_final_state, q.dtype, prec)
+    h, v_new, ht = fwd_h_super(w, u, k, G, gamma, h0, tab, output_final_state, q.dtype, prec, gated)
     return out_tok(q, k, G, h, v_new, tab, scale, prec, gated), ht
 
 
@@ -238,21 +239,23 @@ def main(argv=None) -> int:
                 autotuner(kern).cache = {}
             x = km.stage_inputs(B, T, H, D, D, n, gated, dtype, dev)
             q, k, tab, sc, p = x["q"], x["k"], x["tab"], x["sc"], x["p"]
-            w, u, kd, gamma, G = x["w"], x["u"], x["kd"], x["gamma"], x["G"]
-            h, vn, _ = chunk_dp_fwd_h(w, u, kd, gamma, None, tab, False, q.dtype, p)
+            w, u, gamma, G = x["w"], x["u"], x["gamma"], x["G"]
+            h, vn, _ = chunk_dp_fwd_h(w, u, k, G, gamma, None, tab, False, q.dtype, p, gated)
             ref = chunk_dp_fwd_o(q, k, G, h, vn, tab, sc, p)
-            o_super, _ = chunk_dp_fwd_h_o_super(q, k, w, u, kd, gamma, G, None, tab, sc, False, p)
-            hs, vns, _ = fwd_h_super(w, u, kd, gamma, None, tab, False, q.dtype, p)
+            o_super, _ = chunk_dp_fwd_h_o_super(q, k, w, u, gamma, G, None, tab, sc, False, p, gated)
+            hs, vns, _ = fwd_h_super(w, u, k, G, gamma, None, tab, False, q.dtype, p, gated)
             o_tok = out_tok(q, k, G, hs, vns, tab, sc, p, gated)
             if dev == "cuda":
                 torch.cuda.synchronize()
             case = {"n_h": n, "gated": gated, "NC": tab.NC, "NSC": tab.NSC,
                     "tok_vs_default": _err(ref, o_tok), "super_vs_default": _err(ref, o_super)}
             ms = {
-                "fwd_h (per chunk)": bench(lambda: chunk_dp_fwd_h(w, u, kd, gamma, None, tab, False, q.dtype, p)),
+                "fwd_h (per chunk)": bench(lambda: chunk_dp_fwd_h(w, u, k, G, gamma, None, tab, False, q.dtype, p,
+                                                                  gated)),
                 "fwd_o (per chunk)": bench(lambda: chunk_dp_fwd_o(q, k, G, h, vn, tab, sc, p)),
-                "h_super": bench(lambda: fwd_h_super(w, u, kd, gamma, None, tab, False, q.dtype, p)),
-                "o_super": bench(lambda: chunk_dp_fwd_h_o_super(q, k, w, u, kd, gamma, G, None, tab, sc, False, p)),
+                "h_super": bench(lambda: fwd_h_super(w, u, k, G, gamma, None, tab, False, q.dtype, p, gated)),
+                "o_super": bench(lambda: chunk_dp_fwd_h_o_super(q, k, w, u, gamma, G, None, tab, sc, False, p,
+                                                                gated)),
                 "out_tok": bench(lambda: out_tok(q, k, G, hs, vns, tab, sc, p, gated)),
             }
             ms["o_super"] -= ms["h_super"]  # chunk_dp_fwd_h_o_super runs both kernels
@@ -273,16 +276,16 @@ def main(argv=None) -> int:
                   flush=True)
             with open(os.path.join(a.out, "out_proto.json"), "w") as f:
                 json.dump(out, f, indent=1)
-            last = (q, k, w, u, kd, gamma, G, tab, sc, p, h, vn, hs, vns, gated)
+            last = (q, k, w, u, gamma, G, tab, sc, p, h, vn, hs, vns, gated)
     if a.ncu and last is not None:  # the last case's kernels, once each, inside the profiled range
-        q, k, w, u, kd, gamma, G, tab, sc, p, h, vn, hs, vns, gated = last
+        q, k, w, u, gamma, G, tab, sc, p, h, vn, hs, vns, gated = last
         fla = km.fla_forward_stages(B, T, H, D, D, tab.n, gated, torch.bfloat16, "cuda") \
             if not a.no_fla and km.fla_chunk is not None else None
         torch.cuda.synchronize()
         torch.cuda.profiler.start()
-        chunk_dp_fwd_h(w, u, kd, gamma, None, tab, False, q.dtype, p)
+        chunk_dp_fwd_h(w, u, k, G, gamma, None, tab, False, q.dtype, p, gated)
         chunk_dp_fwd_o(q, k, G, h, vn, tab, sc, p)
-        fwd_h_super(w, u, kd, gamma, None, tab, False, q.dtype, p)
+        fwd_h_super(w, u, k, G, gamma, None, tab, False, q.dtype, p, gated)
         out_tok(q, k, G, hs, vns, tab, sc, p, gated)
         if fla is not None:  # fla's walk and output (its preparation is not what this file studies)
             fla["fwd_h"]()

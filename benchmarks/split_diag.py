@@ -21,10 +21,10 @@ def setup(B, T, H, K, V, n, gated, seed=0):
     do = torch.randn(B * T, H, V, device=dev, generator=gen).to(dt)
     tab = chunk_table(B, T, n, dev)
     sc, p = K ** -0.5, "tf32"
-    w, u, kd, gamma, G, t = chunk_dp_fwd_prepare(k, v, beta, g, tab, p, store_t=True)
-    h, vn, _ = chunk_dp_fwd_h(w, u, kd, gamma, None, tab, False, dt, p)
+    w, u, gamma, G, t = chunk_dp_fwd_prepare(k, v, beta, g, tab, p, store_t=True)
+    h, vn, _ = chunk_dp_fwd_h(w, u, k, G, gamma, None, tab, False, dt, p, g is not None)
     dvl = chunk_dp_bwd_dv_local(q, k, G, do, tab, sc, p)
-    dh, dvn, _ = chunk_dp_bwd_dh(q, do, w, kd, gamma, G, dvl, None, tab, sc, False, p)
+    dh, dvn, _ = chunk_dp_bwd_dh(q, do, w, k, gamma, G, dvl, None, tab, sc, False, p, g is not None)
     return (q, k, v, beta, G, t, h, dh, vn, dvn, do, tab, sc, g is not None, p)
 
 def rel(a, b):

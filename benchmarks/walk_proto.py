@@ -44,12 +44,12 @@ import triton.language as tl
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 try:
     import dpx.kernels  # noqa: F401
-    from dpx.kernels.delta_product.chunk_h import chunk_dp_fwd_h, chunk_dp_fwd_kernel_h  # noqa: F401
+    from dpx.kernels.delta_product.chunk_h import _kd_tile, chunk_dp_fwd_h, chunk_dp_fwd_kernel_h  # noqa: F401
 except ImportError:  # repo checkout without `pip install -e .`: expose kernels/ as dpx.kernels
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from dpx_checkout import expose_kernels
     expose_kernels()
-    from dpx.kernels.delta_product.chunk_h import chunk_dp_fwd_h, chunk_dp_fwd_kernel_h  # noqa: F401
+    from dpx.kernels.delta_product.chunk_h import _kd_tile, chunk_dp_fwd_h, chunk_dp_fwd_kernel_h  # noqa: F401
 
 from dpx.kernels.delta_product.index import BL, ChunkTable  # noqa: E402
 from dpx.kernels.utils import INTERPRET, autotune_configs, autotuner, launch, next_pow2  # noqa: E402
@@ -400,6 +400,28 @@ def _grid(V, H, N):
     return lambda meta: (triton.cdiv(V, meta["BV"]), N * H)
 
 
+@triton.jit
+def _kd_store_kernel(k, G, kd, chunk_bos, chunk_len, H, K: tl.constexpr, NH: tl.constexpr, BL: tl.constexpr,
+                     BK: tl.constexpr, USE_G: tl.constexpr):
+    i_c, i_h = tl.program_id(0), tl.program_id(1)
+    i_ch = i_c.to(tl.int64) * H + i_h
+    o_l, o_k = tl.arange(0, BL), tl.arange(0, BK)
+    m_k = o_k < K
+    bos = tl.load(chunk_bos + i_c).to(tl.int64)
+    b = _kd_tile(k, G, bos, tl.load(chunk_len + i_c), i_ch, i_h, H, o_l, o_k, m_k, K, NH, BL, USE_G)
+    tl.store(kd + i_ch * BL * K + o_l[:, None] * K + o_k[None, :], b, mask=m_k[None, :])
+
+
+def kd_tensor(k, G, tab: ChunkTable, gated: bool):
+    """Kd [NC,H,BL,K] as dpx's walks form it (chunk_h._kd_tile, bit for bit), for the prototypes that take kd."""
+    _, H, K = k.shape
+    kd = k.new_empty(tab.NC, H, BL, K)
+    if tab.NC:
+        launch(_kd_store_kernel, (tab.NC, H), k, G, kd, tab.chunk_bos, tab.chunk_len, H, K=K, NH=tab.n, BL=BL,
+               BK=next_pow2(K), USE_G=gated)
+    return kd
+
+
 def _outputs(w, u, tab, output_final_state, state_dtype):
     NC, H, _, K = w.shape
     V = u.shape[-1]
@@ -475,7 +497,8 @@ B, T, H, D = 4, 4096, 16, 128
 
 def make_inputs(n: int, gated: bool, dev, dtype=torch.bfloat16, seed: int = 0):
     """Flattened layer-like inputs (L2-normalised keys, sigmoid betas, log-sigmoid gates) and dpx's own
-    preparation: chunk_table -> chunk_dp_fwd_inv -> chunk_dp_fwd_wu. Returns (tab, k, w, u, kd, G, gamma, h0)."""
+    preparation: chunk_table -> chunk_dp_fwd_inv -> chunk_dp_fwd_wu, and kd as dpx's walks form it (kd_tensor).
+    Returns (tab, k, w, u, kd, G, gamma, h0)."""
     from dpx.kernels.delta_product.index import chunk_table
     from dpx.kernels.delta_product.wy_fast import chunk_dp_fwd_inv, chunk_dp_fwd_wu
     from dpx.kernels.utils import dot_precision
@@ -487,7 +510,8 @@ def make_inputs(n: int, gated: bool, dev, dtype=torch.bfloat16, seed: int = 0):
     g = torch.nn.functional.logsigmoid(rnd(B * T, H) + 3.0) if gated else None
     tab = chunk_table(B, T, n, dev)
     t, G, gamma = chunk_dp_fwd_inv(k, beta, g, tab)
-    w, u, kd = chunk_dp_fwd_wu(k, v, beta, G, t, tab, dot_precision(dtype))
+    w, u = chunk_dp_fwd_wu(k, v, beta, G, t, tab, dot_precision(dtype))
+    kd = kd_tensor(k, G, tab, gated)
     h0 = 0.1 * rnd(B, H, D, D)
     return tab, k, w, u, kd, G, gamma, h0
 
@@ -549,10 +573,11 @@ def main(argv=None) -> int:
     for n, gated in cases:
         tab, k, w, u, kd, G, gamma, h0 = make_inputs(n, gated, dev)
         args = (w, u, kd, gamma, h0, tab, True, torch.bfloat16, "tf32")
+        argd = (w, u, k, G, gamma, h0, tab, True, torch.bfloat16, "tf32", gated)  # dpx's walk forms Kd from k, G
         argk = (w, u, k, G if gated else None, gamma, h0, tab, True, torch.bfloat16, "tf32")
         case = {"n_h": n, "gated": gated, "chunks_per_seq": tab.NC // B, "NC": tab.NC}
         _reset(chunk_dp_fwd_kernel_h, walk_fwd_h_split, walk_fwd_h_split_k, walk_fwd_h_split_pf)
-        ref = chunk_dp_fwd_h(*args)
+        ref = chunk_dp_fwd_h(*argd)
         got = walk_fwd_h(*args)
         # the k variant runs at the split walk's pick for this case (autotuning its own 24 configs per gate flag
         # would double the compile time of this script)
@@ -574,7 +599,7 @@ def main(argv=None) -> int:
         case["split_best"] = label(autotuner(walk_fwd_h_split).best_config)
         case["split_k_best"] = label(autotuner(walk_fwd_h_split_k).best_config)
         case["pf_best"] = label(autotuner(walk_fwd_h_split_pf).best_config)
-        case["dpx_ms"] = bench(lambda: chunk_dp_fwd_h(*args))
+        case["dpx_ms"] = bench(lambda: chunk_dp_fwd_h(*argd))
         case["split_ms"] = bench(lambda: walk_fwd_h(*args))
         with k_pin:
             case["split_k_ms"] = bench(lambda: walk_fwd_h_k(*argk))
@@ -602,7 +627,7 @@ def main(argv=None) -> int:
                 case["truncated"] = True
                 break
             with pinned(chunk_dp_fwd_kernel_h, cfg):
-                case["dpx_pinned"][label(cfg)] = bench(lambda: chunk_dp_fwd_h(*args))
+                case["dpx_pinned"][label(cfg)] = bench(lambda: chunk_dp_fwd_h(*argd))
         out["cases"].append(case)
         _write(a.out, out)
         del tab, k, w, u, kd, G, gamma, h0, ref, got, gotk, gotp
@@ -682,7 +707,9 @@ def resources(dirname) -> int:
     G = torch.zeros(NC, Hh, BL)
     common = dict(h0=h0, h=h, v_new=u, ht=ht, seq_chunks=tab.seq_chunks, H=Hh, K=D, V=D, BL=BL, PREC="tf32",
                   USE_INITIAL_STATE=True, STORE_FINAL_STATE=True)
-    jobs = [("chunk_dp_fwd_kernel_h", chunk_dp_fwd_kernel_h, dict(common, w=w, u=u, kd=w, gamma=gamma, BK=D),
+    jobs = [("chunk_dp_fwd_kernel_h", chunk_dp_fwd_kernel_h,
+             dict(common, w=w, u=u, k=k, G=G, gamma=gamma, chunk_bos=tab.chunk_bos, chunk_len=tab.chunk_len, NH=2, BTC=32,
+                  BK=D, USE_G=False),
              list(autotune_configs([triton.Config({"BV": bv}, num_warps=nw, num_stages=s) for bv in (32, 64)
                                     for nw in (2, 4, 8) for s in (1, 2, 3, 4)])))]
     jobs.append(("walk_fwd_h_split", walk_fwd_h_split, dict(common, w=w, u=u, kd=w, gamma=gamma, KT=64), CONFIGS))

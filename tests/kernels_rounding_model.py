@@ -8,7 +8,8 @@ Not a test module: test_kernels_rounding.py uses it.
 import torch
 
 
-STAGES = ("w", "u", "kd", "t", "h", "v_new", "dv_loc", "dh", "dv_new")  # the kernels' intermediate tensors
+STAGES = ("w", "u", "t", "h", "v_new", "dv_loc", "dh", "dv_new")  # the kernels' intermediate tensors (Kd is
+# formed inside the state walks, chunk_h._kd_tile: no tensor of it to compare)
 
 
 def model_grads(q, k, v, beta, g, h0, do, dht, n, scale, r, stages=None):

@@ -44,9 +44,10 @@ def test_out_tok_in_the_super_chunk_forward(n, gate, T, K, V, dtype, cu, monkeyp
     monkeypatch.setenv("DPX_KERNEL_BWD_FP32", "0")
     calls = []
 
-    def tok(q, k, w, u, kd, gamma, G, h0, tab, scale, output_final_state, prec):
+    def tok(q, k, w, u, gamma, G, h0, tab, scale, output_final_state, prec, gated):
         calls.append(1)
-        return op.fwd_h_o_tok(q, k, w, u, kd, gamma, G, h0, tab, scale, output_final_state, prec, gate is not None)
+        assert gated == (gate is not None)
+        return op.fwd_h_o_tok(q, k, w, u, gamma, G, h0, tab, scale, output_final_state, prec, gated)
 
     monkeypatch.setattr(chunk_super, "chunk_dp_fwd_h_o_super", tok)
     run_case(1 if cu is not None else 2, T, 2, K, V, n, gate, dtype, cu=cu)
@@ -66,9 +67,9 @@ def test_out_tok_matches_the_super_pair_on_the_same_states():
     v = torch.randn(Bs * T * n, H, K, generator=g)
     beta = 2 * torch.rand(Bs * T * n, H, generator=g)
     gl = torch.nn.functional.logsigmoid(torch.randn(Bs * T, H, generator=g))
-    w, u, kd, gamma, G = chunk_dp_fwd_prepare(k, v, beta, gl, tab, "ieee")
-    ref, ht_ref = chunk_dp_fwd_h_o_super(q, k, w, u, kd, gamma, G, None, tab, 0.5, True, "ieee")
-    out, ht = op.fwd_h_o_tok(q, k, w, u, kd, gamma, G, None, tab, 0.5, True, "ieee", True)
+    w, u, gamma, G = chunk_dp_fwd_prepare(k, v, beta, gl, tab, "ieee")
+    ref, ht_ref = chunk_dp_fwd_h_o_super(q, k, w, u, gamma, G, None, tab, 0.5, True, "ieee", True)
+    out, ht = op.fwd_h_o_tok(q, k, w, u, gamma, G, None, tab, 0.5, True, "ieee", True)
     assert torch.allclose(out, ref, rtol=1e-5, atol=1e-5)
     assert torch.equal(ht, ht_ref)  # the same walk
 

@@ -3,7 +3,9 @@
     v_new_c = U_c - W_c S;   S = gamma_c S + Kd_c^T v_new_c          (h[c] = S at the chunk start)
 on small random inputs: K in {32, 64, 85, 128} (1 or 2 tiles of 64, partial tiles masked), n_h 1 and 2, two
 sequences of different lengths, with and without h0 / final state, float32 and float16 (bf16 is wrong under the
-interpreter). The Kd-in-the-walk variant is checked bit for bit against the kd variant on dpx's own w, u, kd.
+interpreter). The Kd-in-the-walk variant is checked bit for bit against the kd variant on dpx's own w, u and the
+kd dpx's walks form (walk_proto.kd_tensor). dpx's walk forms Kd from k itself, so the random inputs here are keys k
+(kd = k gathered per chunk, no gates) rather than an arbitrary kd.
 Outputs are allocated NaN-poisoned, so an element the kernel fails to write fails the comparison.
 """
 import importlib.util
@@ -76,11 +78,13 @@ def random_inputs(n, K, V, dtype, with_h0, seed=0):
     H = 2
     rnd = lambda *s: torch.randn(*s, generator=g)
     w = (0.5 * rnd(tab.NC, H, BL, K) / K ** 0.5).to(dtype)
-    kd = (rnd(tab.NC, H, BL, K) / K ** 0.5).to(dtype)
+    k = (rnd(tab.NTOK * n, H, K) / K ** 0.5).to(dtype)
+    G = torch.zeros(tab.NC, H, BL)  # no gates: Kd = k
+    kd = wp.kd_tensor(k, G, tab, False)
     u = rnd(tab.NC, H, BL, V).to(dtype)
     gamma = 0.5 + 0.5 * torch.rand(tab.NC, H, generator=g)
     h0 = rnd(tab.N, H, K, V) if with_h0 else None
-    return tab, w, u, kd, gamma, h0
+    return tab, w, u, k, G, kd, gamma, h0
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
@@ -89,10 +93,10 @@ def random_inputs(n, K, V, dtype, with_h0, seed=0):
 @pytest.mark.parametrize("K,BV", [(32, 64), (64, 32), (85, 32), (128, 64)])  # BV = 64 > V = 32: masked V tile
 def test_split_walk_matches_dpx_and_float64(K, BV, n, states, dtype):
     V = K
-    tab, w, u, kd, gamma, h0 = random_inputs(n, K, V, dtype, states, seed=K + n)
+    tab, w, u, k, G, kd, gamma, h0 = random_inputs(n, K, V, dtype, states, seed=K + n)
     prec = "tf32x3" if dtype == torch.float32 else "tf32"
     ref = loop64(w, u, kd, gamma, h0, tab)
-    want = chunk_dp_fwd_h(w, u, kd, gamma, h0, tab, states, dtype, prec)
+    want = chunk_dp_fwd_h(w, u, k, G, gamma, h0, tab, states, dtype, prec, False)
     cfg = next(c for c in wp.CONFIGS if c.kwargs["BV"] == BV)
     with wp.pinned(wp.walk_fwd_h_split, cfg):
         got = wp.walk_fwd_h(w, u, kd, gamma, h0, tab, states, dtype, prec)
@@ -125,7 +129,8 @@ def test_kd_in_walk_equals_kd_variant(n, K, gated):
     beta = torch.sigmoid(torch.randn(tab.NTOK * n, H, generator=g)).to(dtype)
     gate = torch.nn.functional.logsigmoid(torch.randn(tab.NTOK, H, generator=g) + 2) if gated else None
     t, G, gamma = chunk_dp_fwd_inv(k, beta, gate, tab)
-    w, u, kd = chunk_dp_fwd_wu(k, v, beta, G, t, tab, "tf32")
+    w, u = chunk_dp_fwd_wu(k, v, beta, G, t, tab, "tf32")
+    kd = wp.kd_tensor(k, G, tab, gated)
     h0 = torch.randn(tab.N, H, K, V, generator=g)
     a = wp.walk_fwd_h(w, u, kd, gamma, h0, tab, True, dtype, "tf32")
     b = wp.walk_fwd_h_k(w, u, k, G if gated else None, gamma, h0, tab, True, dtype, "tf32")

@@ -2,11 +2,12 @@
 
 Forward (three kernels, no interleaved query or gate tensors):
   wy_fast.chunk_dp_fwd_inv       per chunk: gate cumsum, A = beta k k^T decay, T = (I+A)^-1 by 16x16 blocks
-  wy_fast.chunk_dp_fwd_wu        per chunk: W = T X, U = T Y, Kd (64-row products from T as one tile)
-  chunk_h.chunk_dp_fwd_kernel_h  serial over chunks: h (state at each chunk start), v_new = U - W h, final state
+  wy_fast.chunk_dp_fwd_wu        per chunk: W = T X, U = T Y (64-row products from T as one tile)
+  chunk_h.chunk_dp_fwd_kernel_h  serial over chunks: h (state at each chunk start), v_new = U - W h, final state;
+                                 Kd = exp(G_L - G) k formed from k as it walks (not stored)
   chunk_o.chunk_dp_fwd_o         per chunk: o = scale (exp(G) q h + (q k^T * decay) v_new), only T query rows
 Backward (fla's split, specialised to DeltaProduct: only T query rows, gates once per token):
-  wy_fast.wu + chunk_h (recompute)    W, U, Kd from the forward's saved T, and the chunk states h, v_new
+  wy_fast.wu + chunk_h (recompute)    W, U from the forward's saved T, and the chunk states h, v_new
   chunk_bwd.chunk_dp_bwd_dv_local     per chunk: dv_loc = scale P^T dO
   chunk_h.chunk_dp_bwd_kernel_dh      serial, reverse: dh (state gradient after each chunk), dv_new, dh0
   chunk_bwd.chunk_dp_bwd_dqkwg        per chunk: dq, dk, dv, dbeta, dg (W/U/Kd/P/T gradients stay in registers)
@@ -44,32 +45,34 @@ def chunk_dp_fwd(q, k, v, g, beta, h0, tab, scale, output_final_state, keep_stat
     from .wy_fast import chunk_dp_fwd_inv, chunk_dp_fwd_wu
     prec = dot_precision(q.dtype)
     t, G, gamma = chunk_dp_fwd_inv(k, beta, g, tab)
-    w, u, kd = chunk_dp_fwd_wu(k, v, beta, G, t, tab, prec)
+    w, u = chunk_dp_fwd_wu(k, v, beta, G, t, tab, prec)
+    gated = g is not None
     if tab.n > 1 and fwd_kernel() == "super":  # opt-in: one state per n chunks (chunk_super.py)
         from .chunk_super import chunk_dp_fwd_h_o_super
-        o, ht = chunk_dp_fwd_h_o_super(q, k, w, u, kd, gamma, G, h0, tab, scale, output_final_state, prec)
+        o, ht = chunk_dp_fwd_h_o_super(q, k, w, u, gamma, G, h0, tab, scale, output_final_state, prec, gated)
         return o, ht, (t, G, gamma)  # one state per n chunks: nothing per chunk to keep
-    h, v_new, ht = chunk_dp_fwd_h(w, u, kd, gamma, h0, tab, output_final_state, q.dtype, prec)
+    h, v_new, ht = chunk_dp_fwd_h(w, u, k, G, gamma, h0, tab, output_final_state, q.dtype, prec, gated)
     o = chunk_dp_fwd_o(q, k, G, h, v_new, tab, scale, prec)
     return o, ht, (t, G, gamma) + ((h, v_new) if keep_states else ())
 
 
 def chunk_dp_bwd(q, k, v, g, beta, h0, do, dht, tab, scale, wy=None):
     """wy = (T, G, gamma) from the forward, or (T, G, gamma, h, v_new) when it kept the chunk states (None:
-    recomputed, as for the float32 copies of 16-bit inputs). Recompute W, U, Kd from T (64-row products) and, unless
+    recomputed, as for the float32 copies of 16-bit inputs). Recompute W, U from T (64-row products) and, unless
     kept, the chunk states, then: dv_local (per chunk) -> dh (serial, reverse) -> dqkwg (per chunk). Returns (dq, dk,
     dv, dg, dbeta, dh0)."""
     from .chunk_bwd import chunk_dp_bwd_dqkwg, chunk_dp_bwd_dv_local
     from .wy_fast import chunk_dp_fwd_inv, chunk_dp_fwd_wu
     prec = dot_precision(q.dtype)
     t, G, gamma, *states = chunk_dp_fwd_inv(k, beta, g, tab) if wy is None else wy
-    w, u, kd = chunk_dp_fwd_wu(k, v, beta, G, t, tab, prec)
+    w, u = chunk_dp_fwd_wu(k, v, beta, G, t, tab, prec)
+    gated = g is not None
     if states:  # the forward's own h and v_new: what the walk below would compute again, bit for bit
         h, v_new = states
     else:
-        h, v_new, _ = chunk_dp_fwd_h(w, u, kd, gamma, h0, tab, False, q.dtype, prec)
+        h, v_new, _ = chunk_dp_fwd_h(w, u, k, G, gamma, h0, tab, False, q.dtype, prec, gated)
     dv_loc = chunk_dp_bwd_dv_local(q, k, G, do, tab, scale, prec)
-    dh, dv_new, dh0 = chunk_dp_bwd_dh(q, do, w, kd, gamma, G, dv_loc, dht, tab, scale, h0 is not None, prec)
+    dh, dv_new, dh0 = chunk_dp_bwd_dh(q, do, w, k, gamma, G, dv_loc, dht, tab, scale, h0 is not None, prec, gated)
     dqkwg = chunk_dp_bwd_dqkwg
     if dqkwg_kernel(q.device) == "split":
         from .chunk_bwd_split import chunk_dp_bwd_dqkwg_split as dqkwg

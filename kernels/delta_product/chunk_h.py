@@ -5,6 +5,9 @@ Per sequence and head, over its chunks c (S = state at the chunk start, stored a
     S       = gamma_c S + Kd_c^T v_new_c
 One program owns a [K, BV] slice of the state of one (sequence, head) and walks its chunks (the backward walks
 them in reverse, carrying the gradient of the state; see chunk_dp_bwd_kernel_dh).
+Kd_c = exp(G_L - G) k (the decayed keys of the chunk's steps) is formed here from k and the gate cumsum G, not read
+from a tensor: `_kd_tile` (wy_fast's wu kernel used to store it, 0.20 GB at n_h 3, B=4 T=4096 H=16 d=128 bf16, for
+the walks to read back); without gates it is k itself.
 """
 from __future__ import annotations
 
@@ -16,6 +19,35 @@ from ..utils import autotune_configs, launch, next_pow2
 from .index import BL, ChunkTable
 
 
+@triton.jit
+def _seq_tokens(chunk_bos, chunk_len, c_bos, c_eos):
+    # a sequence's first token and its end, loaded once: its chunks are consecutive runs of BT tokens from tok0
+    # (index._build), so a walk finds chunk c's first token as tok0 + (c - c_bos) * BT with no load in its loop,
+    # which keeps every address of the loop affine in the loop index: what Triton's pipeliner needs to issue the
+    # next chunk's loads (cp.async) while this chunk's dots run
+    has = c_eos > c_bos
+    c_last = tl.maximum(c_eos - 1, c_bos)
+    tok0 = tl.load(chunk_bos + c_bos, mask=has, other=0).to(tl.int64)
+    tok_end = tl.load(chunk_bos + c_last, mask=has, other=0).to(tl.int64) + \
+        tl.load(chunk_len + c_last, mask=has, other=0).to(tl.int64)
+    return tok0, tok_end
+
+
+@triton.jit
+def _kd_tile(k, G, bos, n_tok, i_ch, i_h, H, o_l, o_k, m_k, K: tl.constexpr, NH: tl.constexpr, BL: tl.constexpr,
+             USE_G: tl.constexpr):
+    # Kd of the chunk whose first token is bos (n_tok tokens), [BL, BK]: its steps' keys (interleaved rows of k; rows
+    # past its steps, padding, are zero) times exp(G_L - G) with gates, the very expression (same operands, one
+    # rounding) wy_fast's wu kernel stored as kd
+    m_l = o_l < n_tok * NH
+    b_k = tl.load(k + ((bos * NH + o_l[:, None]) * H + i_h) * K + o_k[None, :], mask=m_l[:, None] & m_k[None, :],
+                  other=0)
+    if USE_G:
+        b_G = tl.load(G + i_ch * BL + o_l)
+        b_k = (b_k * tl.exp(tl.load(G + i_ch * BL + BL - 1) - b_G)[:, None]).to(b_k.dtype)
+    return b_k
+
+
 def _configs():
     # 3 stages added after benchmarks/kernel_configs.py on the H200 (session 8): fwd_h's best there is BV=64, 4 warps,
     # 3 stages (0.269 against 0.293 ms at n_h = 2, B=4 T=4096 H=16 d=128 bf16); dh's 3 stages win at n_h = 1 (1.06x)
@@ -25,17 +57,20 @@ def _configs():
 
 @triton.heuristics({"USE_INITIAL_STATE": lambda a: a["h0"] is not None,
                     "STORE_FINAL_STATE": lambda a: a["ht"] is not None})
-@triton.autotune(configs=_configs(), key=["H", "K", "V", "BK", "PREC"])
+@triton.autotune(configs=_configs(), key=["H", "K", "V", "NH", "BK", "PREC", "USE_G"])
 @triton.jit(do_not_specialize=["H"])  # H is a runtime stride: one binary for every head count
 def chunk_dp_fwd_kernel_h(
-    w, u, kd, gamma, h0, h, v_new, ht, seq_chunks,
-    H, K: tl.constexpr, V: tl.constexpr, BL: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    PREC: tl.constexpr, USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
+    w, u, k, G, gamma, h0, h, v_new, ht, chunk_bos, chunk_len, seq_chunks,
+    H, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, BTC: tl.constexpr, BL: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, PREC: tl.constexpr, USE_G: tl.constexpr, USE_INITIAL_STATE: tl.constexpr,
+    STORE_FINAL_STATE: tl.constexpr,
 ):
+    # BTC: tokens of a full chunk (64 // NH)
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     c_bos = tl.load(seq_chunks + i_n).to(tl.int64)
     c_eos = tl.load(seq_chunks + i_n + 1).to(tl.int64)
+    tok0, tok_end = _seq_tokens(chunk_bos, chunk_len, c_bos, c_eos)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     o_l = tl.arange(0, BL)
@@ -55,7 +90,8 @@ def chunk_dp_fwd_kernel_h(
         b_u = tl.load(u + p_lv, mask=m_v[None, :], other=0).to(tl.float32)
         b_v = b_u - tl.dot(b_w, b_h.to(b_w.dtype), input_precision=PREC)
         tl.store(v_new + p_lv, b_v.to(v_new.dtype.element_ty), mask=m_v[None, :])
-        b_kd = tl.load(kd + p_lk, mask=m_k[None, :], other=0)
+        bos = tok0 + (i_c - c_bos) * BTC
+        b_kd = _kd_tile(k, G, bos, tl.minimum(tok_end - bos, BTC), i_ch, i_h, H, o_l, o_k, m_k, K, NH, BL, USE_G)
         b_g = tl.load(gamma + i_ch).to(tl.float32)
         b_h = b_h * b_g + tl.dot(tl.trans(b_kd), b_v.to(b_kd.dtype), input_precision=PREC)
     if STORE_FINAL_STATE:
@@ -64,14 +100,15 @@ def chunk_dp_fwd_kernel_h(
 
 @triton.heuristics({"USE_FINAL_STATE_GRAD": lambda a: a["dht"] is not None,
                     "STORE_INITIAL_STATE_GRAD": lambda a: a["dh0"] is not None})
-@triton.autotune(configs=_configs(), key=["H", "K", "V", "NH", "BK", "PREC"])
+@triton.autotune(configs=_configs(), key=["H", "K", "V", "NH", "BK", "PREC", "USE_G"])
 @triton.jit(do_not_specialize=["H"])  # H is a runtime stride: one binary for every head count
 def chunk_dp_bwd_kernel_dh(
-    q, do, w, kd, gamma, G, dv_loc, dht, dh, dv_new, dh0, chunk_bos, chunk_len, seq_chunks, scale,
-    H, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, BT: tl.constexpr, BL: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, USE_FINAL_STATE_GRAD: tl.constexpr,
+    q, do, w, k, gamma, G, dv_loc, dht, dh, dv_new, dh0, chunk_bos, chunk_len, seq_chunks, scale,
+    H, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, BT: tl.constexpr, BTC: tl.constexpr, BL: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, USE_G: tl.constexpr, USE_FINAL_STATE_GRAD: tl.constexpr,
     STORE_INITIAL_STATE_GRAD: tl.constexpr,
 ):
+    # BT: the query tile's rows (index.query_tile); BTC: tokens of a full chunk (64 // NH)
     # Reverse walk carrying dS = gradient w.r.t. the state after the current chunk (dht at the sequence end):
     #   dv_new_c = dv_loc_c + Kd_c dS                     (S_next = gamma S + Kd^T v_new)
     #   dS      <- gamma_c dS + scale (e^Gq Q_c)^T dO_c - W_c^T dv_new_c   (o reads S; v_new = U - W S)
@@ -80,6 +117,7 @@ def chunk_dp_bwd_kernel_dh(
     i_n, i_h = i_nh // H, i_nh % H
     c_bos = tl.load(seq_chunks + i_n).to(tl.int64)
     c_eos = tl.load(seq_chunks + i_n + 1).to(tl.int64)
+    tok0, tok_end = _seq_tokens(chunk_bos, chunk_len, c_bos, c_eos)
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -96,11 +134,11 @@ def chunk_dp_bwd_kernel_dh(
         i_c = c_eos - 1 - i_r
         i_ch = i_c * H + i_h
         tl.store(dh + i_ch * K * V + o_kv, b_dh.to(dh.dtype.element_ty), mask=m_kv)
-        bos = tl.load(chunk_bos + i_c).to(tl.int64)
-        m_t = o_t < tl.load(chunk_len + i_c)
-        p_lk = i_ch * BL * K + o_l[:, None] * K + o_k[None, :]
+        bos = tok0 + (i_c - c_bos) * BTC  # chunk c's first token, no load (see _seq_tokens)
+        n_tok = tl.minimum(tok_end - bos, BTC)
+        m_t = o_t < n_tok
         p_lv = i_ch * BL * V + o_l[:, None] * V + o_v[None, :]
-        b_kd = tl.load(kd + p_lk, mask=m_k[None, :], other=0)
+        b_kd = _kd_tile(k, G, bos, n_tok, i_ch, i_h, H, o_l, o_k, m_k, K, NH, BL, USE_G)
         # W^T and Q^T are loaded transposed (K-major), so every product below takes operands as stored
         b_wT = tl.load(w + i_ch * BL * K + o_l[None, :] * K + o_k[:, None], mask=m_k[:, None], other=0)
         b_qT = tl.load(q + ((bos + o_t[None, :]) * H + i_h) * K + o_k[:, None], mask=m_k[:, None] & m_t[None, :],
@@ -122,8 +160,10 @@ def _grid(V, H, N):
     return lambda meta: (triton.cdiv(V, meta["BV"]), N * H)
 
 
-def chunk_dp_fwd_h(w, u, kd, gamma, h0, tab: ChunkTable, output_final_state: bool, state_dtype, prec: str):
-    """w, kd [NC,H,BL,K]; u [NC,H,BL,V]; gamma [NC,H]; h0 [N,H,K,V] or None.
+def chunk_dp_fwd_h(w, u, k, G, gamma, h0, tab: ChunkTable, output_final_state: bool, state_dtype, prec: str,
+                   gated: bool):
+    """w [NC,H,BL,K]; u [NC,H,BL,V]; k [NTOK*n,H,K] (the interleaved keys); G [NC,H,BL] (the in-chunk gate cumsum);
+    gamma [NC,H]; h0 [N,H,K,V] or None; gated: whether G holds gates (False: Kd = k, G unread).
     Returns h [NC,H,K,V] (state_dtype), v_new [NC,H,BL,V] (u's dtype), ht [N,H,K,V] float32 or None."""
     NC, H, _, K = w.shape
     V = u.shape[-1]
@@ -131,12 +171,15 @@ def chunk_dp_fwd_h(w, u, kd, gamma, h0, tab: ChunkTable, output_final_state: boo
     v_new = torch.empty_like(u)
     ht = w.new_empty(tab.N, H, K, V, dtype=torch.float32) if output_final_state else None
     launch(chunk_dp_fwd_kernel_h, _grid(V, H, tab.N),
-        w, u, kd, gamma, h0, h, v_new, ht, tab.seq_chunks, H=H, K=K, V=V, BL=BL, BK=next_pow2(K), PREC=prec)
+        w, u, k, G, gamma, h0, h, v_new, ht, tab.chunk_bos, tab.chunk_len, tab.seq_chunks, H=H, K=K, V=V, NH=tab.n,
+        BTC=tab.BT, BL=BL, BK=next_pow2(K), PREC=prec, USE_G=gated)
     return h, v_new, ht
 
 
-def chunk_dp_bwd_dh(q, do, w, kd, gamma, G, dv_loc, dht, tab: ChunkTable, scale: float, need_dh0: bool, prec: str):
-    """q [NTOK,H,K], do [NTOK,H,V]; w, kd [NC,H,BL,K]; gamma [NC,H]; G [NC,H,BL]; dv_loc [NC,H,BL,V]; dht [N,H,K,V].
+def chunk_dp_bwd_dh(q, do, w, k, gamma, G, dv_loc, dht, tab: ChunkTable, scale: float, need_dh0: bool, prec: str,
+                    gated: bool):
+    """q [NTOK,H,K], do [NTOK,H,V]; w [NC,H,BL,K]; k [NTOK*n,H,K]; gamma [NC,H]; G [NC,H,BL]; dv_loc [NC,H,BL,V];
+    dht [N,H,K,V]; gated: whether G holds gates (Kd = exp(G_L - G) k, else k).
     Returns dh [NC,H,K,V] (gradient w.r.t. the state after each chunk) and dv_new [NC,H,BL,V] in w's dtype, and
     dh0 [N,H,K,V] float32 (None unless need_dh0)."""
     NC, H, _, K = w.shape
@@ -145,6 +188,6 @@ def chunk_dp_bwd_dh(q, do, w, kd, gamma, G, dv_loc, dht, tab: ChunkTable, scale:
     dv_new = w.new_empty(NC, H, BL, V)
     dh0 = w.new_empty(tab.N, H, K, V, dtype=torch.float32) if need_dh0 else None
     launch(chunk_dp_bwd_kernel_dh, _grid(V, H, tab.N),
-        q, do, w, kd, gamma, G, dv_loc, dht, dh, dv_new, dh0, tab.chunk_bos, tab.chunk_len, tab.seq_chunks, scale,
-        H=H, K=K, V=V, NH=tab.n, BT=tab.bt_tile(q.dtype), BL=BL, BK=next_pow2(K), PREC=prec)
+        q, do, w, k, gamma, G, dv_loc, dht, dh, dv_new, dh0, tab.chunk_bos, tab.chunk_len, tab.seq_chunks, scale,
+        H=H, K=K, V=V, NH=tab.n, BT=tab.bt_tile(q.dtype), BTC=tab.BT, BL=BL, BK=next_pow2(K), PREC=prec, USE_G=gated)
     return dh, dv_new, dh0

@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from ..utils import autotune_configs, launch, next_pow2
+from .chunk_h import _kd_tile, _seq_tokens
 from .index import BL, ChunkTable, query_tile
 
 
@@ -36,18 +37,21 @@ def _h_configs():
 
 @triton.heuristics({"USE_INITIAL_STATE": lambda a: a["h0"] is not None,
                     "STORE_FINAL_STATE": lambda a: a["ht"] is not None})
-@triton.autotune(configs=_h_configs(), key=["H", "K", "V", "BK", "NS", "PREC"])
+@triton.autotune(configs=_h_configs(), key=["H", "K", "V", "BK", "NS", "PREC", "USE_G"])
 @triton.jit(do_not_specialize=["H"])  # H is a runtime stride: one binary for every head count
 def chunk_dp_fwd_kernel_h_super(
-    w, u, kd, gamma, h0, h, v_new, ht, seq_chunks, seq_sc,
+    w, u, k, G, gamma, h0, h, v_new, ht, chunk_bos, chunk_len, seq_chunks, seq_sc,
     H, K: tl.constexpr, V: tl.constexpr, BL: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NS: tl.constexpr,
-    PREC: tl.constexpr, USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
+    BTC: tl.constexpr, PREC: tl.constexpr, USE_G: tl.constexpr, USE_INITIAL_STATE: tl.constexpr,
+    STORE_FINAL_STATE: tl.constexpr,
 ):
+    # NS = n: the chunks of a super-chunk, and the Householder steps of a token (Kd is formed from k: chunk_h._kd_tile)
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     c_bos = tl.load(seq_chunks + i_n).to(tl.int64)
     c_eos = tl.load(seq_chunks + i_n + 1).to(tl.int64)
     s_bos = tl.load(seq_sc + i_n).to(tl.int64)
+    tok0, tok_end = _seq_tokens(chunk_bos, chunk_len, c_bos, c_eos)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     o_l = tl.arange(0, BL)
@@ -69,7 +73,8 @@ def chunk_dp_fwd_kernel_h_super(
         b_u = tl.load(u + p_lv, mask=m_v[None, :], other=0).to(tl.float32)
         b_v = b_u - tl.dot(b_w, b_h.to(b_w.dtype), input_precision=PREC)
         tl.store(v_new + p_lv, b_v.to(v_new.dtype.element_ty), mask=m_v[None, :])
-        b_kd = tl.load(kd + p_lk, mask=m_k[None, :], other=0)
+        bos = tok0 + (i_c - c_bos) * BTC
+        b_kd = _kd_tile(k, G, bos, tl.minimum(tok_end - bos, BTC), i_ch, i_h, H, o_l, o_k, m_k, K, NS, BL, USE_G)
         b_g = tl.load(gamma + i_ch).to(tl.float32)
         b_h = b_h * b_g + tl.dot(tl.trans(b_kd), b_v.to(b_kd.dtype), input_precision=PREC)
     if STORE_FINAL_STATE:
@@ -130,10 +135,10 @@ def chunk_dp_fwd_kernel_o_super(
     tl.store(p_o, (b_o * scale).to(o.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
 
 
-def chunk_dp_fwd_h_o_super(q, k, w, u, kd, gamma, G, h0, tab: ChunkTable, scale: float, output_final_state: bool,
-                           prec: str):
-    """chunk_h.chunk_dp_fwd_h + chunk_o.chunk_dp_fwd_o over super-chunks: q [NTOK,H,K], k [NTOK*n,H,K], w, kd
-    [NC,H,BL,K], u [NC,H,BL,V], gamma [NC,H], G [NC,H,BL], h0 [N,H,K,V] or None.
+def chunk_dp_fwd_h_o_super(q, k, w, u, gamma, G, h0, tab: ChunkTable, scale: float, output_final_state: bool,
+                           prec: str, gated: bool):
+    """chunk_h.chunk_dp_fwd_h + chunk_o.chunk_dp_fwd_o over super-chunks: q [NTOK,H,K], k [NTOK*n,H,K], w
+    [NC,H,BL,K], u [NC,H,BL,V], gamma [NC,H], G [NC,H,BL], h0 [N,H,K,V] or None; gated: whether G holds gates.
     Returns o [NTOK,H,V] (q's dtype) and the final state [N,H,K,V] float32 (or None)."""
     NTOK, H, K = q.shape
     V = u.shape[-1]
@@ -142,8 +147,8 @@ def chunk_dp_fwd_h_o_super(q, k, w, u, kd, gamma, G, h0, tab: ChunkTable, scale:
     ht = w.new_empty(tab.N, H, K, V, dtype=torch.float32) if output_final_state else None
     BK = next_pow2(K)
     launch(chunk_dp_fwd_kernel_h_super, lambda meta: (triton.cdiv(V, meta["BV"]), tab.N * H),
-        w, u, kd, gamma, h0, h, v_new, ht, tab.seq_chunks, tab.seq_sc, H=H, K=K, V=V, BL=BL, BK=BK, NS=tab.n,
-        PREC=prec)
+        w, u, k, G, gamma, h0, h, v_new, ht, tab.chunk_bos, tab.chunk_len, tab.seq_chunks, tab.seq_sc, H=H, K=K, V=V,
+        BL=BL, BK=BK, NS=tab.n, BTC=tab.BT, PREC=prec, USE_G=gated)
     o = q.new_empty(NTOK, H, V)
     launch(chunk_dp_fwd_kernel_o_super, lambda meta: (triton.cdiv(V, meta["BV"]), tab.NSC, H),
         q, k, G, h, v_new, o, tab.chunk_bos, tab.sc_chunk0, tab.sc_len, scale, H=H, K=K, V=V, NH=tab.n, BT=tab.BT,

@@ -6,7 +6,8 @@ chunk_dp_fwd_kernel_inv, for the BL = 64 interleaved steps of a chunk held as fo
   T     = (I + A)^-1: 16x16 diagonal blocks by substitution (bf16: a product form, see _inv16), then the block formula
           T_ij = -T_ii sum_{j <= m < i} A_im T_mj; written (lower block triangle) to t [NC, H, 64, 64]
 chunk_dp_fwd_kernel_wu, from T as one [64, 64] tile (fla's recompute_w_u: 64-row products, not 16-row ones):
-  W = T (beta exp(G) k),  U = T (beta v),  Kd = exp(G_last - G) k
+  W = T (beta exp(G) k),  U = T (beta v)
+  (Kd = exp(G_last - G) k, the decayed keys the state walks need, is formed in the walks from k and G: chunk_h)
 The forward runs both and keeps T and G for the backward, which re-runs only the second (a few 64-row products)
 instead of the whole preparation.
 Padding rows (past the chunk's end) have k = v = beta = 0 and a zero gate, so they are identity steps.
@@ -164,7 +165,7 @@ def chunk_dp_fwd_kernel_inv(
                  key=["K", "V", "NH", "BK", "PREC"])
 @triton.jit(do_not_specialize=["H"])
 def chunk_dp_fwd_kernel_wu(
-    k, v, beta, G, t, w, u, kd, chunk_bos, chunk_len,
+    k, v, beta, G, t, w, u, chunk_bos, chunk_len,
     H, K: tl.constexpr, V: tl.constexpr, NH: tl.constexpr, BL: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     PREC: tl.constexpr,
 ):
@@ -180,14 +181,12 @@ def chunk_dp_fwd_kernel_wu(
     b_T = tl.load(t + i_ch * BL * BL + o_l[:, None] * BL + o_l[None, :], mask=o_l[:, None] >= o_l[None, :],
                   other=0).to(dt)
     b_G = tl.load(G + i_ch * BL + o_l)
-    b_GL = tl.sum(tl.where(o_l == BL - 1, b_G, 0), 0)
     b_b = tl.load(beta + (bos * NH + o_l) * H + i_h, mask=m_l, other=0).to(tl.float32)
     b_k = tl.load(k + ((bos * NH + o_l[:, None]) * H + i_h) * K + o_k[None, :], mask=m_l[:, None] & m_k[None, :],
                   other=0)
     p_lk = i_ch * BL * K + o_l[:, None] * K + o_k[None, :]
     b_x = (b_k * (b_b * tl.exp(b_G))[:, None]).to(dt)
     tl.store(w + p_lk, tl.dot(b_T, b_x, input_precision=PREC).to(dt), mask=m_k[None, :])
-    tl.store(kd + p_lk, (b_k * tl.exp(b_GL - b_G)[:, None]).to(dt), mask=m_k[None, :])
     for i_v in range(0, tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < V
@@ -216,20 +215,19 @@ def chunk_dp_fwd_inv(k, beta, g, tab: ChunkTable):
 
 
 def chunk_dp_fwd_wu(k, v, beta, G, t, tab: ChunkTable, prec: str):
-    """W, Kd [NC,H,BL,K] and U [NC,H,BL,V] in k's dtype, from T and G of chunk_dp_fwd_inv."""
+    """W [NC,H,BL,K] and U [NC,H,BL,V] in k's dtype, from T and G of chunk_dp_fwd_inv."""
     _, H, K = k.shape
     V = v.shape[-1]
     w = k.new_empty(tab.NC, H, BL, K)
-    kd = torch.empty_like(w)
     u = k.new_empty(tab.NC, H, BL, V)
     launch(chunk_dp_fwd_kernel_wu, (tab.NC, H),
-        k, v, beta, G, t, w, u, kd, tab.chunk_bos, tab.chunk_len, H=H, K=K, V=V, NH=tab.n, BL=BL, BK=next_pow2(K),
+        k, v, beta, G, t, w, u, tab.chunk_bos, tab.chunk_len, H=H, K=K, V=V, NH=tab.n, BL=BL, BK=next_pow2(K),
         PREC=prec)
-    return w, u, kd
+    return w, u
 
 
 def chunk_dp_fwd_prepare(k, v, beta, g, tab: ChunkTable, prec: str, store_t: bool = False):
-    """Both kernels. Returns w, u, kd, gamma, G (and T with store_t), as chunk_dp_fwd_inv / chunk_dp_fwd_wu."""
+    """Both kernels. Returns w, u, gamma, G (and T with store_t), as chunk_dp_fwd_inv / chunk_dp_fwd_wu."""
     t, G, gamma = chunk_dp_fwd_inv(k, beta, g, tab)
-    w, u, kd = chunk_dp_fwd_wu(k, v, beta, G, t, tab, prec)
-    return (w, u, kd, gamma, G, t) if store_t else (w, u, kd, gamma, G)
+    w, u = chunk_dp_fwd_wu(k, v, beta, G, t, tab, prec)
+    return (w, u, gamma, G, t) if store_t else (w, u, gamma, G)
