@@ -1,4 +1,5 @@
-"""`dpx.kernels` for a benchmark run from a checkout that was never `pip install -e .`'d: the repository's kernels/
+"""Helpers for benchmark scripts run from a checkout: `load_script` (a script as a module, by path) and
+`expose_kernels`, `dpx.kernels` for a benchmark run from a checkout that was never `pip install -e .`'d: the repository's kernels/
 folder is registered as the package dpx.kernels (only it: the kernel benchmarks import nothing else of dpx).
 
     try:
@@ -28,3 +29,12 @@ def expose_kernels() -> None:
     sys.modules["dpx.kernels"] = mod
     dpx.kernels = mod  # `import dpx.kernels` binds the parent's attribute
     spec.loader.exec_module(mod)
+
+
+def load_script(path, name: str) -> types.ModuleType:
+    """The script at `path` as a module named `name`, by path and not through sys.path: `import kernels` could find
+    the repository's kernels/ package instead of benchmarks/kernels.py. Not registered in sys.modules."""
+    spec = importlib.util.spec_from_file_location(name, str(path))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

@@ -32,7 +32,6 @@ benchmarks/kernels.py for its inputs and fla's stage timings).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -161,12 +160,11 @@ B, T, H, D = 4, 4096, 16, 128
 
 
 def _kernels_module():
-    spec = importlib.util.spec_from_file_location("dpx_bench_kernels",
-                                                  os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                               "kernels.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:  # loaded by path (the tests): its sibling dpx_checkout too
+        sys.path.insert(0, here)
+    from dpx_checkout import load_script
+    return load_script(os.path.join(here, "kernels.py"), "dpx_bench_kernels")
 
 
 def _err(ref, out) -> dict:

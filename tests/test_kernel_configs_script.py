@@ -1,7 +1,6 @@
 """benchmarks/kernel_configs.py (the per-config kernel timing sweep of the H200 runs): its plumbing on the CPU
 interpreter (one process per kernel, the autotuned row, pinned candidates, the summary table), and the summary's
 arithmetic on rows with known times."""
-import importlib.util
 import json
 import os
 import subprocess
@@ -9,13 +8,12 @@ import sys
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "kernel_configs.py"
+sys.path.insert(0, str(SCRIPT.parent))
+from dpx_checkout import load_script  # noqa: E402  (benchmarks/: a script by path)
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("kernel_configs", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT, "kernel_configs")
 
 
 def test_summary_names_the_best_candidate_and_its_ratio():

@@ -13,15 +13,12 @@ triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "kernels.py"
+sys.path.insert(0, str(SCRIPT.parent))
+from dpx_checkout import load_script  # noqa: E402  (benchmarks/: a script by path)
 
 
 def _load():
-    # by path under its own name: `import kernels` could be the repo's kernels/ package
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("dpx_bench_kernels", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT, "dpx_bench_kernels")
 
 
 def _fake_dpx_kernels(monkeypatch):

@@ -6,8 +6,8 @@ the backward is the chunk path's): n_h 2, 3, 4 and 8 (the super-chunk path runs 
 chunks (63 / 64 tokens a super-chunk), varlen with a length-1 and an empty segment, a zero-padded head dim, float32
 and float16. Outputs are NaN-poisoned before the call (test_kernels_triton's fixture), so an unwritten element fails.
 """
-import importlib.util
 import os
+import sys
 from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "1"  # must precede the first import of triton
@@ -19,13 +19,12 @@ from test_kernels_triton import poison_empty, run_case  # noqa: E402,F401 (the f
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning", "ignore::UserWarning")
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "out_proto.py"
+sys.path.insert(0, str(SCRIPT.parent))
+from dpx_checkout import load_script  # noqa: E402  (benchmarks/: a script by path)
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("dpx_out_proto", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT, "dpx_out_proto")
 
 
 op = _load()

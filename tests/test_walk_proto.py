@@ -8,8 +8,8 @@ kd dpx's walks form (walk_proto.kd_tensor). dpx's walk forms Kd from k itself, s
 (kd = k gathered per chunk, no gates) rather than an arbitrary kd.
 Outputs are allocated NaN-poisoned, so an element the kernel fails to write fails the comparison.
 """
-import importlib.util
 import os
+import sys
 from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "1"  # must precede the first import of triton
@@ -19,14 +19,13 @@ import torch  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning", "ignore::UserWarning")
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "walk_proto.py"
+sys.path.insert(0, str(SCRIPT.parent))
+from dpx_checkout import load_script  # noqa: E402  (benchmarks/: a script by path)
 TOL = {torch.float32: 2e-5, torch.float16: 5e-3}  # relative RMS error (test_kernels_triton's)
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("dpx_walk_proto", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT, "dpx_walk_proto")
 
 
 wp = _load()
