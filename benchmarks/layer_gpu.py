@@ -25,6 +25,11 @@ interrupts a measurement that runs past it; every file is rewritten after each r
            beside the same LM with fla's GatedDeltaProduct as every mixer.  -> $OUT/lm_throughput_<device>.json
            --compile adds the dpx model (and mixer) under torch.compile: the kernel as its custom op, the glue
            fused by the compiler (row key dpx_compiled, compiled_over_eager, compiled_over_fla).
+Before anything is timed, warm-up workers (--precompile-jobs, in parallel) run each row's kernels once, so every
+Triton binary is in the on-disk cache; with --compile, up to --precompile-compiled-jobs of them also compile the
+row's torch.compile graphs (the mixer alone and one block of the LM, at the row's batch x length), so the timed
+process reads them from inductor's and AOTAutograd's caches instead of compiling them (each compiled row records
+`compile_cache`: hits and misses in the timed process).
 fla's gated backward raises on Hopper with Triton >= 3.4, < 3.7.1 (fla issue #640); its gated rows are skipped
 before building and a gated dpx row is compared with fla's non-gated row of the same shape and n_h
 (`fla_variant` in the row says which). fla's first-call autotuning took 233 s for one shape: `--fla-configs N`
@@ -385,7 +390,7 @@ def lm_step(model, B, T, device):
 
 # -- compile warm-up in parallel ---------------------------------------------------------------------------------
 
-def warm_one(spec: str, fla_configs: int) -> int:
+def warm_one(spec: str, fla_configs: int, backend: str = "inductor", scope: str = "blocks") -> int:
     """Worker (`--_warm shape:variant:impl`): one mixer's bf16 forward + backward at the shape's sequence length,
     so that every Triton kernel of that variant is compiled into the shared on-disk cache (TRITON_CACHE_DIR).
     The autotuners compile and run every config once without timing it (the GPU is shared by the workers); the
@@ -405,6 +410,8 @@ def warm_one(spec: str, fla_configs: int) -> int:
             kernel_call()
             return [1.0] * len(quantiles) if quantiles else 1.0
         Autotuner.do_bench = property(lambda self: one_run)
+    if impl == "dpxc":
+        return warm_compiled(shape, variant, device, backend, scope)
     c = resolve(ModelConfig.from_dict(model_config(shape, variant)))
     torch.manual_seed(0)
     with torch.device(device):
@@ -416,6 +423,50 @@ def warm_one(spec: str, fla_configs: int) -> int:
     step()  # (the plain path launches the same delta kernels, with torch glue: nothing more to compile)
     _sync(device)
     return 0
+
+
+def warm_compiled(shape: str, variant: str, device, backend: str, scope: str) -> int:
+    """Worker for a --compile row (`shape:variant:dpxc`): the graphs measure_one compiles, compiled here first, so
+    that the main process finds them in torch's on-disk caches (inductor's FX graph cache, AOTAutograd's cache,
+    Triton's) instead of compiling them in the timed process (session 10: 12-22 s for the mixer and 9-24 s for the
+    LM, each row). The mixer alone at the row's batch x length, then, for the "blocks" scope, a one-block LM of the
+    same resolved config: its block graph is the measured model's (the blocks share their code, their parameters
+    are graph inputs), at a fraction of the memory, so several of these run beside each other. Prints the cache
+    counters it saw (all misses on a cold cache)."""
+    import torch
+    import torch._inductor.config as inductor_config
+    from dpx.models import ModelConfig
+    from dpx.models.matching import resolve
+    # inductor's kernels autotune here on a GPU the workers share: keep their picks out of the disk cache, so the
+    # timed process picks its own (from the cached binaries, milliseconds)
+    inductor_config.autotune_local_cache = False
+    B, T = SHAPES[shape]["batch_size"], SHAPES[shape]["seq_len"]
+    full = resolve(ModelConfig.from_dict(model_config(shape, variant)))
+    one = full.replace(num_layers=1)
+    model = build(one.to_dict(), "dpx", device)
+    c = model.config
+    if (c.num_heads, c.key_dim) != (full.num_heads, full.key_dim):  # matching must not see the one block
+        raise RuntimeError(f"one-block config resolved to {c.num_heads} x {c.key_dim}, the row's to "
+                           f"{full.num_heads} x {full.key_dim}")
+    mixer = torch.compile(model.layers[0].attn, backend=backend)
+    step, _, _ = layer_step(mixer, B, T, c.hidden_size, device)
+    step()
+    del step, mixer
+    if scope == "blocks":
+        from dpx.models.compile import compile_model
+        lm_step(compile_model(model, scope, backend=backend), B, T, device)()
+    _sync(device)
+    print("compile caches:", json.dumps(_cache_counters()), flush=True)
+    return 0
+
+
+def _cache_counters() -> dict:
+    """torch's compile-cache counters in this process: FX graph (inductor) and AOTAutograd hits and misses."""
+    from torch._dynamo.utils import counters
+    return {"fx_graph_hit": counters["inductor"]["fxgraph_cache_hit"],
+            "fx_graph_miss": counters["inductor"]["fxgraph_cache_miss"],
+            "aot_autograd_hit": counters["aot_autograd"]["autograd_cache_hit"],
+            "aot_autograd_miss": counters["aot_autograd"]["autograd_cache_miss"]}
 
 
 def _tail(path, n: int = 300) -> str:
@@ -447,7 +498,8 @@ class WarmPool:
     def _start(self, spec):
         a = self.args
         log = open(Path(a.out) / f"warm_{spec.replace(':', '_')}.log", "w")
-        cmd = [sys.executable, __file__, "--out", a.out, "--_warm", spec, "--fla-configs", str(a.fla_configs)]
+        cmd = [sys.executable, __file__, "--out", a.out, "--_warm", spec, "--fla-configs", str(a.fla_configs),
+               "--compile-backend", a.compile_backend, "--compile-scope", a.compile_scope]
         if a.wheels:
             cmd += ["--wheels", a.wheels]
         try:
@@ -472,8 +524,15 @@ class WarmPool:
                 if time.time() > self.t_until:
                     self._stop("warm-up time limit")
                     return
-                while self.queue and len(self.running) < self.args.precompile_jobs:
-                    self._start(self.queue.pop(0))
+                while len(self.running) < self.args.precompile_jobs:
+                    # a compiled-row worker holds a row's batch on the GPU: at most --precompile-compiled-jobs
+                    n_c = sum(x[0].endswith(":dpxc") for x in self.running)
+                    nxt = next((q for q in self.queue if not q.endswith(":dpxc")
+                                or n_c < self.args.precompile_compiled_jobs), None)
+                    if nxt is None:
+                        break
+                    self.queue.remove(nxt)
+                    self._start(nxt)
                 if not self.queue and not self.running:
                     return
             time.sleep(0.25)
@@ -803,6 +862,7 @@ def measure_one(cfg, impl, shape, device, args, t_end, plain_layer: bool, compil
                 r["dpx_backward"] = backward_path(torch.bfloat16, c.num_householder, c.key_dim)
             mixer = model.layers[0].attn
             if compiled:
+                cache0 = _cache_counters()
                 from dpx.models.compile import compile_model
                 backend = getattr(args, "compile_backend", "inductor")
                 scope = getattr(args, "compile_scope", "blocks")
@@ -822,6 +882,8 @@ def measure_one(cfg, impl, shape, device, args, t_end, plain_layer: bool, compil
             del step
             r["model"] = time_fn(lm_step(model, B, T, device), args.warmup, args.steps, device)
             r["model"]["tokens_per_s"] = B * T / r["model"]["median_s"]
+            if compiled:  # did the warm-up's graphs serve this process? (hits: read from disk, misses: compiled)
+                r["compile_cache"] = {k: v - cache0[k] for k, v in _cache_counters().items()}
             print(f"  {impl} LM {r['model']['tokens_per_s']:,.0f} tokens/s, peak "
                   f"{r['model'].get('peak_gib', 0):.1f} GiB (warm-up {r['model']['warmup_s']} s)", flush=True)
         r["status"] = "ok"
@@ -993,6 +1055,10 @@ def main(argv=None) -> int:
     ap.add_argument("--fla-configs", type=int, default=2, help="autotune configs kept per fla kernel (0: all)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--precompile-jobs", type=int, default=18, help="parallel compile warm-up workers (0: none)")
+    ap.add_argument("--precompile-compiled-jobs", type=int, default=4,
+                    help="with --compile: of those, at most this many compile a row's torch.compile graphs at its "
+                    "batch x length (one block of the LM, ~15 GB at fig4), so the timed process reads them from the "
+                    "on-disk caches (0: none)")
     ap.add_argument("--precompile-s", type=float, default=120.0, help="warm-up workers are killed this many "
                     "seconds after the start")
     ap.add_argument("--resume", default="", help="a JSON this script wrote: its finished rows are kept and not "
@@ -1005,7 +1071,7 @@ def main(argv=None) -> int:
     os.environ["FLA_CACHE_RESULTS"] = "0"
     if args._warm:
         _setup_paths(args.wheels or None)
-        return warm_one(args._warm, args.fla_configs)
+        return warm_one(args._warm, args.fla_configs, args.compile_backend, args.compile_scope)
     t_start = time.time()
     t_end = t_start + args.budget_s
     _setup_paths(args.wheels or None)
@@ -1038,6 +1104,8 @@ def main(argv=None) -> int:
             and parts & {"profile", "measure"}:
         specs = []
         prof = [("tiny" if small else args.profile_shape.split(":")[0], args.profile_shape.split(":")[1])]
+        if args.compile and "measure" in parts and args.precompile_compiled_jobs > 0:  # the longest first
+            specs += [f"{shape}:{variant}:dpxc" for shape, variant in plan]
         for shape, variant in (prof if "profile" in parts else []) + (plan if "measure" in parts else []):
             specs.append(f"{shape}:{variant}:dpx")
             if "fla" in impls and not fla_err:

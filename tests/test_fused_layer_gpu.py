@@ -49,12 +49,12 @@ def test_prune_fla_autotune(monkeypatch):
     assert [(c.kwargs["BV"], c.num_warps, c.num_stages) for c in kern.fn.configs] == [(32, 4, 2), (64, 4, 2)]
 
 
-def _run(tmp_path, env_extra, *args):
+def _run(tmp_path, env_extra, *args, timeout=300):
     import os
     env = {**os.environ, **env_extra}
     p = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--device", "cpu", "--parts", "measure",
                         "--warmup", "1", "--steps", "1", "--layer-iters", "1", *args],
-                       capture_output=True, text=True, timeout=300, env=env)
+                       capture_output=True, text=True, timeout=timeout, env=env)
     assert p.returncode == 0, p.stderr[-2000:]
     return json.loads((tmp_path / "lm_throughput_cpu.json").read_text())
 
@@ -100,6 +100,23 @@ def test_cpu_dry_run_compiled_rows(tmp_path):
     assert c["compile_scope"] == "blocks"  # train.compile_scope's default: each block compiled on its own
     assert c["layer"]["ms"] > 0 and row["compiled_over_eager"] > 0 and "layer_compiled_over_eager" in row
     assert "compiled tok/s (/eager, /fla)" in (tmp_path / "lm_throughput_table.md").read_text()
+
+
+@pytest.mark.slow
+def test_compiled_rows_read_the_warm_up_workers_graphs(tmp_path):
+    """--compile with warm-up workers: a worker compiles the row's graphs (the mixer alone, one block of the LM) with
+    inductor, and the measuring process then finds every one of them in the on-disk caches: FX graph and AOTAutograd
+    hits, no miss. (CPU inductor: the worker's compile takes minutes here, the row's warm-up seconds.)"""
+    r = _run(tmp_path, {"DPX_LAYER_GPU_WARM_CPU": "1", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+                        "TRITON_CACHE_DIR": str(tmp_path / "triton")},
+             "--plan", "tiny:2", "--impls", "dpx", "--compile", "--compile-backend", "inductor", "--precompile-jobs",
+             "2", "--precompile-compiled-jobs", "1", "--precompile-s", "500", "--budget-s", "800", timeout=900)
+    assert r["env"]["warmup"]["tiny:2:dpxc"].startswith("ok"), r["env"]["warmup"]
+    c = r["rows"][0]["dpx_compiled"]
+    assert c["status"] == "ok", c
+    cache = c["compile_cache"]
+    assert cache["fx_graph_miss"] == 0 and cache["aot_autograd_miss"] == 0, cache  # nothing compiled in the row
+    assert cache["fx_graph_hit"] >= 2 and cache["aot_autograd_hit"] >= 2, cache  # mixer and block, fwd and bwd
 
 
 def test_resume_keeps_finished_rows_and_measures_the_rest(tmp_path):
