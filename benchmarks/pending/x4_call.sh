@@ -18,7 +18,7 @@ set -u
 OUT=${OUT:-$(pwd)/out}
 mkdir -p "$OUT/logs"
 REPO=$(pwd)
-P=/tmp/dpx_patched
+P=${X4_COPY:-/tmp/dpx_patched}  # the patched copy (replaced)
 DONE=$OUT/logs/check.done
 T0=$SECONDS  # the subshells below inherit it: their own limits count from the call's start
 log() { echo "[x4 $((SECONDS - T0))s] $*"; }
@@ -27,7 +27,7 @@ nvidia-smi -L
 # the recipe on main's kernels, on GPUs 2,3 (device_setup.sh was sourced by the caller: DPX_DEVICE_SETUP=0)
 RECIPE_ARGS=${RECIPE_ARGS:-"recipes/table2_formal_languages.yaml scale=gpu seeds=[1,2] hardware.gpus_per_trial=0.25 hardware.max_parallel=8"}
 (
-  export CUDA_VISIBLE_DEVICES=2,3 DPX_DEVICE_SETUP=0 DPX_WORKSPACE=/tmp/dpx_ws DPX_WS_CHECKPOINTS=1 \
+  export CUDA_VISIBLE_DEVICES=2,3 DPX_DEVICE_SETUP=0 DPX_WORKSPACE=${X4_WORKSPACE:-/tmp/dpx_ws} DPX_WS_CHECKPOINTS=1 \
          DPX_STOP_AFTER_S=${RECIPE_S:-440} OUT="$OUT"
   # shellcheck disable=SC2086
   bash .ci/device_dpx.sh submit $RECIPE_ARGS --wait > "$OUT/logs/recipe.log" 2>&1
