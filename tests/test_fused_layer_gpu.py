@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import types
@@ -103,6 +104,7 @@ def test_cpu_dry_run_compiled_rows(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not shutil.which("g++"), reason="inductor's CPU backend compiles C++ with g++")
 def test_compiled_rows_read_the_warm_up_workers_graphs(tmp_path):
     """--compile with warm-up workers: a worker compiles the row's graphs (the mixer alone, one block of the LM) with
     inductor, and the measuring process then finds every one of them in the on-disk caches: FX graph and AOTAutograd
