@@ -56,16 +56,18 @@ def table2(where: str = "TRUE") -> str:
     nonnull = " AND ".join(f"o.{c.paper} IS NOT NULL" for c in cols)
     return f"""
 WITH best AS (  -- the paper reports the best of 3 seeds: max over our seeds too
-  SELECT t.model_label AS model, t.beta_range, t.language, max(s.value) AS best, count(DISTINCT t.trial_id) AS n
+  SELECT t.model_label AS model, t.beta_range, t.language, max(s.value) AS best, count(DISTINCT t.trial_id) AS n,
+    count(DISTINCT t.seed) AS n_seeds
   FROM trials t JOIN summary s USING (trial_id)
   WHERE {DONE} AND ({where}) AND s.key = {lit(K.SCALED_ACC)} AND t.language IS NOT NULL
   GROUP BY ALL),
 ours AS (
-  SELECT model, beta_range, sum(n)::BIGINT AS n_runs,
+  SELECT model, beta_range, sum(n)::BIGINT AS n_runs, min(n_seeds)::BIGINT AS min_seeds,
+    max(n_seeds)::BIGINT AS max_seeds,
     {pivot}
   FROM best GROUP BY ALL)
 SELECT coalesce(p.model, o.model) AS model, coalesce(p.beta_range, o.beta_range) AS beta_range,
-  coalesce(o.n_runs, 0) AS n_runs,
+  coalesce(o.n_runs, 0) AS n_runs, o.min_seeds, o.max_seeds,
   {side},
   CASE WHEN {nonnull} THEN ({parts}) / {len(cols)} END AS ours_avg, p.avg AS paper_avg,
   p.source, p.note

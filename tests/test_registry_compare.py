@@ -149,6 +149,7 @@ def test_table2_best_seed_and_average_only_when_complete(tmp_path):
     assert dn[col["avg delta"]] == pytest.approx(avg - 0.726)
     assert rows[("DeltaProduct_2", "[-1,1]")][col["avg ours"]] is None
     assert rows[("DeltaProduct_4", "[-1,1]")][col["status"]] == NO_RUN
+    assert "ours = best seed of 3 seed(s) per cell" in c.notes[0]  # how many seeds each best is over
 
 
 def test_fig5_smallest_n_h_and_depth_that_fit(tmp_path):
