@@ -1,6 +1,8 @@
-"""Helpers for benchmark scripts run from a checkout: `load_script` (a script as a module, by path) and
-`expose_kernels`, `dpx.kernels` for a benchmark run from a checkout that was never `pip install -e .`'d: the repository's kernels/
-folder is registered as the package dpx.kernels (only it: the kernel benchmarks import nothing else of dpx).
+"""Helpers for benchmark scripts run from a checkout.
+
+`load_script(path, name)`: another script as a module, by path. `expose_kernels()`: `dpx.kernels` for a checkout that
+was never `pip install -e .`'d: the repository's kernels/ folder is registered as the package dpx.kernels (only it:
+the kernel benchmarks import nothing else of dpx).
 
     try:
         from dpx.kernels import chunk_gated_delta_product

@@ -158,11 +158,10 @@ def _paper_table(con, name: str, where: str) -> Comparison:
         rows.append(row)
     units = ("accuracies in percent (ours x100), perplexities as is" if name != "table2"
              else "scaled accuracy: 0 = chance, 1 = perfect; ours = best seed")
-    if name == "table2":  # how many seeds each "best" is over (the paper's: 3)
-        seeds = sorted({(r["min_seeds"], r["max_seeds"]) for r in data if r.get("max_seeds")})
-        if seeds:
-            lo, hi = min(a for a, _ in seeds), max(b for _, b in seeds)
-            units += f" of {lo}" + (f"-{hi}" if hi != lo else "") + " seed(s) per cell (the paper's: best of 3)"
+    ran = [r for r in data if r.get("max_seeds")] if name == "table2" else []
+    if ran:  # how many seeds each "best" is over (the paper's: 3)
+        lo, hi = min(r["min_seeds"] for r in ran), max(r["max_seeds"] for r in ran)
+        units += f" of {lo}" + (f"-{hi}" if hi != lo else "") + " seed(s) per cell (the paper's: best of 3)"
     notes = [f"delta = ours - paper; {units}"] + sorted({f"{r['model']}: {r['note']}" for r in data
                                                           if r.get("note") and "inconsistent" in r["note"]})
     return Comparison(name, TITLES[name], header, rows, notes, status_column=len(header) - 2)

@@ -41,7 +41,8 @@ grep -v '^#' benchmarks/pending/series | while read -r p; do
 done || exit 1
 echo "patched kernels_sha $(python3 benchmarks/gpu_check.py --kernels-sha)"
 check() {  # $1: budget (s); RESUME, if set, is part 1's rows
-  timeout "${CHECK_TIMEOUT_S:-$(( ${1%.*} + 120 ))}" python3 benchmarks/gpu_check.py --out "$OUT/check" --jobs "${JOBS:-16}" ${GPUS:+--gpus "$GPUS"} ${CHECK_ONLY:+--only "$CHECK_ONLY"} \
+  timeout "${CHECK_TIMEOUT_S:-$(( ${1%.*} + 120 ))}" python3 benchmarks/gpu_check.py --out "$OUT/check" \
+    --jobs "${JOBS:-16}" ${GPUS:+--gpus "$GPUS"} ${CHECK_ONLY:+--only "$CHECK_ONLY"} \
     --budget-s "$1" --no-fla --name "$NAME" ${RESUME:+--resume "$RESUME"} 2>&1 | tail -n 8
   echo "check rc ${PIPESTATUS[0]}"
 }
