@@ -270,6 +270,13 @@ def run_case(c) -> dict:
     missing = [nm for nm in NAMES if (ref.get(nm) is None) != (out.get(nm) is None)]
     if missing:
         row["errors"].update({nm: float("inf") for nm in missing})
+    if c["bwd"]:  # the same inputs with no gradient wanted: the forward that keeps no chunk states (at n_h > 1
+        # chunk_super's walk, one state per super-chunk, and o_tok over it), against the same reference
+        with torch.no_grad():
+            ng = _run_chunk(dict(c, bwd=False), chunk_gated_delta_product, inputs, dtype, None, None)
+        for nm in ("o", "ht"):
+            if ref.get(nm) is not None:
+                row["errors"][f"{nm}(no_grad)"] = _rel(ng[nm], ref[nm]) if ng.get(nm) is not None else float("inf")
     if c["fla"] and c.get("with_fla"):
         try:
             from fla.ops.gated_delta_product import chunk_gated_delta_product as fla_fn
@@ -300,9 +307,10 @@ def _sync():
 def _autotuners() -> dict:
     """Every autotuned kernel of the delta family: {kernel name: its triton Autotuner}."""
     from dpx.kernels.utils import autotuner
-    from dpx.kernels.delta_product import chunk_bwd, chunk_bwd_split, chunk_h, chunk_o, fused_recurrent, wy_fast
+    from dpx.kernels.delta_product import (chunk_bwd, chunk_bwd_split, chunk_h, chunk_o, chunk_super, fused_recurrent,
+                                           wy_fast)
     out = {}
-    for mod in (wy_fast, chunk_h, chunk_o, chunk_bwd, chunk_bwd_split, fused_recurrent):
+    for mod in (wy_fast, chunk_h, chunk_o, chunk_super, chunk_bwd, chunk_bwd_split, fused_recurrent):
         for name in dir(mod):
             at = autotuner(getattr(mod, name))
             if at is not None:

@@ -173,7 +173,8 @@ def _compile_job(job: tuple) -> dict:
 
 
 def launches(dtype: torch.dtype, d: int, n: int, gated: bool, bwd_fp32: str, dqkwg: str | None = None) -> list:
-    """Every Triton kernel launch of one forward + backward of the chunk kernel, and one decode step (a backward
+    """Every Triton kernel launch of one forward + backward of the chunk kernel, one no-grad forward, and one decode
+    step (a backward
     that `backward_path` sends to PyTorch launches none). dqkwg: DPX_KERNEL_DQKWG for the backward (None: as set)."""
     from dpx.kernels import chunk_gated_delta_product, fused_recurrent_gated_delta_product
 
@@ -190,7 +191,8 @@ def launches(dtype: torch.dtype, d: int, n: int, gated: bool, bwd_fp32: str, dqk
         o, ht = chunk_gated_delta_product(xs[0], xs[1], xs[2], gate, xs[3], n, initial_state=h0,
                                           output_final_state=True)
         (o.float().sum() + ht.sum()).backward()
-        with torch.no_grad():
+        with torch.no_grad():  # a forward that keeps no chunk states (n_h > 1: chunk_super's walk + o_tok), and decode
+            chunk_gated_delta_product(q, k, v, gate, beta, n, initial_state=h0, output_final_state=True)
             fused_recurrent_gated_delta_product(q[:, :1], k[:, :n], v[:, :n], None if gate is None else gate[:, :1],
                                                 beta[:, :n], num_householder=n, initial_state=h0,
                                                 output_final_state=True)

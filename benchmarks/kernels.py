@@ -171,6 +171,18 @@ def stage_times(B, T, H, K, V, n, gated, dtype, dev):
         from dpx.kernels.delta_product.chunk_super import chunk_dp_fwd_h_o_super
         extra["fwd_h + fwd_o (super-chunks)"] = bench(lambda: chunk_dp_fwd_h_o_super(q, k, w, u, gamma, G, None,
                                                                                    tab, sc, False, p, ug))
+    from dpx.kernels.delta_product import chunk_o as _chunk_o
+    if n > 1 and hasattr(_chunk_o, "chunk_dp_fwd_o_tok"):  # (benchmarks/pending/tok.patch) the output kernel over
+        # super-chunks: over the walk's per-chunk states (training) and over chunk_super's walk (no gradient wanted)
+        from dpx.kernels.delta_product.chunk_o import chunk_dp_fwd_o_tok
+        from dpx.kernels.delta_product.chunk_super import chunk_dp_fwd_h_super
+        hs, vns, _ = chunk_dp_fwd_h_super(w, u, k, G, gamma, None, tab, False, dtype, p, ug)
+        extra["fwd_o_tok (per-chunk states: training)"] = bench(
+            lambda: chunk_dp_fwd_o_tok(q, k, G, h, vn, tab, sc, p, ug, per_chunk=True))
+        extra["fwd_h_super (no-grad walk)"] = bench(
+            lambda: chunk_dp_fwd_h_super(w, u, k, G, gamma, None, tab, False, dtype, p, ug))
+        extra["fwd_o_tok (super-chunk states: no grad)"] = bench(
+            lambda: chunk_dp_fwd_o_tok(q, k, G, hs, vns, tab, sc, p, ug, per_chunk=False))
     return {
         **extra,
         "prepare (inv + wu)": bench(lambda: chunk_dp_fwd_prepare(k, v, beta, g, tab, p)),
@@ -466,6 +478,9 @@ def main():
                         row["fla_fwd"] = f"error: {type(e).__name__}"
             xg = inputs(B, T, H, K, V, n, gated, dtype, dev, requires_grad=True)
             do = torch.randn(B, T, H, V, device=dev, dtype=dtype)
+            # the forward of a training step (a gradient wanted: it keeps the chunk states for the backward);
+            # ours_fwd above is the inference forward (no_grad), as fla_fwd
+            row["ours_fwd_train"] = bench(lambda: chunk_gated_delta_product(*xg, n))
 
             def fb_ours():
                 o, _ = chunk_gated_delta_product(*xg, n)
