@@ -6,7 +6,8 @@
 #           at the same sha (SPEED_S, default 200; the fla autotune cache of session 7 keeps fla's warm-up short)
 #   PART=speed  only the speed table
 # JOBS (default 16): the check's parallel cases; GPUS=0,1: the GPUs its cases go round (gpu_check.py --gpus);
-# CHECK_ONLY: gpu_check.py --only (a dry run of the plumbing on a few cases).
+# CHECK_ONLY: gpu_check.py --only (a dry run of the plumbing on a few cases); RERUN (with RESUME): --rerun, run
+# those finished rows again (e.g. timeouts); CASE_TIMEOUT_S: --case-timeout-s, one case's limit (default 200).
 # A part run again on the same copy skips the patches already applied.
 # MAIN_SPEED_NS=3 (any part): first, before the patches, main's kernels.py rows at those n_h (MAIN_SPEED_S, default
 # 150), which record each kernel's autotune pick and the tuning's timings
@@ -43,7 +44,8 @@ echo "patched kernels_sha $(python3 benchmarks/gpu_check.py --kernels-sha)"
 check() {  # $1: budget (s); RESUME, if set, is part 1's rows
   timeout "${CHECK_TIMEOUT_S:-$(( ${1%.*} + 120 ))}" python3 benchmarks/gpu_check.py --out "$OUT/check" \
     --jobs "${JOBS:-16}" ${GPUS:+--gpus "$GPUS"} ${CHECK_ONLY:+--only "$CHECK_ONLY"} \
-    --budget-s "$1" --no-fla --name "$NAME" ${RESUME:+--resume "$RESUME"} 2>&1 | tail -n 8
+    --budget-s "$1" --no-fla --name "$NAME" ${RESUME:+--resume "$RESUME"} ${RERUN:+--rerun "$RERUN"} \
+    ${CASE_TIMEOUT_S:+--case-timeout-s "$CASE_TIMEOUT_S"} 2>&1 | tail -n 8
   echo "check rc ${PIPESTATUS[0]}"
 }
 case "$PART" in
