@@ -462,9 +462,9 @@ def main():
     ap.add_argument("--no-fla", action="store_true", help="skip phase 2 (fla's error beside ours on 16-bit rows)")
     ap.add_argument("--fla-jobs", type=int, default=4, help="parallel cases in phase 2")
     ap.add_argument("--fla-timeout-s", type=float, default=420, help="limit of one phase-2 case (fla autotunes)")
-    ap.add_argument("--case-timeout-s", type=float, default=200,
+    ap.add_argument("--case-timeout-s", type=float, default=330,
                     help="limit of one phase-1 case (its first-call autotuning included: the fp32 head-dim-85 "
-                    "cases compile every config of every kernel, 150-200 s at 16 jobs)")
+                    "cases compile every config of every kernel: 150-200 s at 16 jobs, session 17)")
     ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                     help="set NAME=VALUE in every case's process (repeatable; recorded in the summary and each row), "
                     "e.g. DPX_KERNEL_DQKWG=split")

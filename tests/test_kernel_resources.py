@@ -47,8 +47,10 @@ def test_every_autotune_config_of_every_kernel_compiles_for_sm90(tmp_path, dtype
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     launches = json.loads((tmp_path / "r.json").read_text())["launches"]
     names = {x["kernel"] for x in launches}
-    want = {"chunk_dp_fwd_kernel_inv", "chunk_dp_fwd_kernel_wu", "chunk_dp_fwd_kernel_h", "chunk_dp_fwd_kernel_o",
-            "fused_recurrent_dp_fwd_kernel"}
+    # at n_h > 1 the output kernel is o_tok (over the walk's per-chunk states in training, over chunk_super's walk in
+    # the no-grad forward)
+    want = {"chunk_dp_fwd_kernel_inv", "chunk_dp_fwd_kernel_wu", "chunk_dp_fwd_kernel_h", "chunk_dp_fwd_kernel_o_tok",
+            "chunk_dp_fwd_kernel_h_super", "fused_recurrent_dp_fwd_kernel"}
     assert want <= names, names
     assert {x["d"] for x in launches} == {int(d) for d in dims.split(",")}
     for x in launches:

@@ -209,14 +209,57 @@ def test_chunk_super_forward(n, gate, T, K, V, dtype, cu, monkeypatch):
     assert calls, "the super-chunk kernels did not run"
 
 
-@pytest.mark.parametrize("value,want", [("", "chunk"), ("chunk", "chunk"), ("super", "super")])
+@pytest.mark.parametrize("value,want", [("", "tok"), ("tok", "tok"), ("chunk", "chunk"), ("super", "super")])
 def test_fwd_kernel_switch(value, want, monkeypatch):
     from dpx.kernels.delta_product.chunk import fwd_kernel
     monkeypatch.setenv("DPX_KERNEL_FWD", value)
     assert fwd_kernel() == want
     monkeypatch.setenv("DPX_KERNEL_FWD", "Super")
-    with pytest.raises(ValueError, match="DPX_KERNEL_FWD: expected chunk, super or unset"):
+    with pytest.raises(ValueError, match="DPX_KERNEL_FWD: expected tok, chunk, super or unset"):
         fwd_kernel()
+
+
+def _spy_tok(monkeypatch):
+    """Record the `per_chunk` of every chunk_dp_fwd_o_tok launch (the default output kernel at n_h > 1)."""
+    from dpx.kernels.delta_product import chunk_o
+    calls, tok = [], chunk_o.chunk_dp_fwd_o_tok
+    monkeypatch.setattr(chunk_o, "chunk_dp_fwd_o_tok", lambda *a, **kw: calls.append(kw["per_chunk"]) or tok(*a, **kw))
+    return calls
+
+
+# The default forward at n_h > 1 (DPX_KERNEL_FWD unset = tok): the output over super-chunks in fla's layout, reading
+# one state in n of the walk's per-chunk states when a gradient is wanted (checked through every gradient), and over
+# chunk_super's walk (one state per super-chunk) when none is (no_grad: checked against the float64 loop).
+@pytest.mark.parametrize("n,gate,T,K,V,dtype,cu", [
+    (2, "rand", 37, 16, 16, torch.float32, None), (2, None, 70, 16, 16, torch.float32, None),
+    (3, "mixed", 50, 16, 16, torch.float32, None), (3, "zero", 23, 16, 16, torch.float32, None),
+    (4, "rand", 19, 16, 16, torch.float32, None), (8, "mixed", 21, 16, 16, torch.float32, None),
+    (2, "mixed", 31, 16, 16, torch.float32, torch.tensor([0, 1, 18, 18, 31])),
+    (3, "rand", 23, 20, 12, torch.float32, None), (3, "rand", 40, 32, 32, torch.float16, None),
+    (3, "neg", 70, 16, 16, torch.float32, None)])
+def test_chunk_tok_forward(n, gate, T, K, V, dtype, cu, monkeypatch):
+    monkeypatch.delenv("DPX_KERNEL_FWD", raising=False)
+    monkeypatch.setenv("DPX_KERNEL_BWD_FP32", "0")
+    calls = _spy_tok(monkeypatch)
+    B = 1 if cu is not None else 2
+    run_case(B, T, 2, K, V, n, gate if gate != "neg" else "rand", dtype, cu=cu)
+    assert calls and all(calls), "the training forward did not read the per-chunk states through o_tok"
+    calls.clear()
+    N = None if cu is None else len(cu) - 1
+    inputs = make_inputs(B, T, 2, K, V, n, gate if gate != "neg" else "rand", N=N)
+    if gate == "neg":  # very negative log gates (-80..0): exp of large differences, masked in the decay matrix
+        inputs[4] = inputs[4] * 40
+    kw = dict(num_householder=n, scale=0.7, output_final_state=True)
+    with torch.no_grad():
+        q, k, v, beta, g, h0 = inputs
+        o_r, ht_r = naive(q, k, v, g, beta, initial_state=h0, cu_seqlens=cu, **kw)
+        q, k, v, beta, g, h0 = [None if x is None else x.to(dtype if i < 3 else torch.float32).to(DEVICE)
+                                for i, x in enumerate(inputs)]
+        o, ht = chunk_gated_delta_product(q, k, v, g, beta, initial_state=h0,
+                                          cu_seqlens=None if cu is None else cu.to(DEVICE), **kw)
+    assert calls == [False], "the no-grad forward did not run chunk_super's walk + o_tok"
+    check("o (no_grad)", o_r, o, TOL[dtype])
+    check("ht (no_grad)", ht_r, ht, TOL[dtype])
 
 
 @pytest.mark.skipif(DEVICE == "cpu", reason="the interpreter has no bfloat16 arithmetic (numpy)")

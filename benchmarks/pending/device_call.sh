@@ -7,7 +7,7 @@
 #   PART=speed  only the speed table
 # JOBS (default 16): the check's parallel cases; GPUS=0,1: the GPUs its cases go round (gpu_check.py --gpus);
 # CHECK_ONLY: gpu_check.py --only (a dry run of the plumbing on a few cases); RERUN (with RESUME): --rerun, run
-# those finished rows again (e.g. timeouts); CASE_TIMEOUT_S: --case-timeout-s, one case's limit (default 200).
+# those finished rows again (e.g. timeouts); CASE_TIMEOUT_S: --case-timeout-s, one case's limit (default 330).
 # A part run again on the same copy skips the patches already applied.
 # MAIN_SPEED_NS=3 (any part): first, before the patches, main's kernels.py rows at those n_h (MAIN_SPEED_S, default
 # 150), which record each kernel's autotune pick and the tuning's timings

@@ -47,12 +47,22 @@ def chunk_dp_fwd(q, k, v, g, beta, h0, tab, scale, output_final_state, keep_stat
     t, G, gamma = chunk_dp_fwd_inv(k, beta, g, tab)
     w, u = chunk_dp_fwd_wu(k, v, beta, G, t, tab, prec)
     gated = g is not None
-    if tab.n > 1 and fwd_kernel() == "super":  # opt-in: one state per n chunks (chunk_super.py)
+    kind = fwd_kernel() if tab.n > 1 else "chunk"  # at n_h 1 a super-chunk is a chunk: chunk_o's kernel
+    if kind == "super":  # opt-in anchor: chunk_super's pair, one state per n chunks
         from .chunk_super import chunk_dp_fwd_h_o_super
         o, ht = chunk_dp_fwd_h_o_super(q, k, w, u, gamma, G, h0, tab, scale, output_final_state, prec, gated)
         return o, ht, (t, G, gamma)  # one state per n chunks: nothing per chunk to keep
+    if kind == "tok" and not keep_states:  # no backward wants the chunk states: store one per super-chunk only
+        from .chunk_o import chunk_dp_fwd_o_tok
+        from .chunk_super import chunk_dp_fwd_h_super
+        h, v_new, ht = chunk_dp_fwd_h_super(w, u, k, G, gamma, h0, tab, output_final_state, q.dtype, prec, gated)
+        return chunk_dp_fwd_o_tok(q, k, G, h, v_new, tab, scale, prec, gated, per_chunk=False), ht, (t, G, gamma)
     h, v_new, ht = chunk_dp_fwd_h(w, u, k, G, gamma, h0, tab, output_final_state, q.dtype, prec, gated)
-    o = chunk_dp_fwd_o(q, k, G, h, v_new, tab, scale, prec)
+    if kind == "tok":  # the walk keeps every chunk's state (the backward reads them); the output reads one in n
+        from .chunk_o import chunk_dp_fwd_o_tok
+        o = chunk_dp_fwd_o_tok(q, k, G, h, v_new, tab, scale, prec, gated, per_chunk=True)
+    else:
+        o = chunk_dp_fwd_o(q, k, G, h, v_new, tab, scale, prec)
     return o, ht, (t, G, gamma) + ((h, v_new) if keep_states else ())
 
 
@@ -80,7 +90,7 @@ def chunk_dp_bwd(q, k, v, g, beta, h0, do, dht, tab, scale, wy=None):
     return dq, dk, dv, dg, dbeta, dh0
 
 
-FWD_KERNELS = ("chunk", "super")
+FWD_KERNELS = ("tok", "chunk", "super")
 
 
 def save_states() -> bool:
@@ -107,6 +117,7 @@ def keeps_states(dtype: torch.dtype, n: int, K: int) -> bool:
         return False
     path = backward_path(dtype, n, K)
     reuses = path == "triton" or (path == "triton_fp32" and dtype == torch.float32)
+    # callers also ask whether a gradient is wanted at all (ChunkGatedDeltaProductFunction.forward, chunk_dp_apply)
     return reuses and not (n > 1 and fwd_kernel() == "super")
 
 
@@ -119,10 +130,13 @@ def _env_choice(name: str, choices: tuple[str, ...]) -> str:
 
 
 def fwd_kernel() -> str:
-    """Which state/output kernels the forward runs at n_h > 1, read at each call from DPX_KERNEL_FWD: "chunk" (unset
-    or "chunk": chunk_h + chunk_o, one state per chunk, the default, verified on the H200) or "super" (chunk_super:
-    one state per n chunks and 64-row output tiles, fla's layout; opt-in, interpreter-verified, not yet run on a
-    GPU). The backward is the same either way."""
+    """Which state/output kernels the forward runs at n_h > 1, read at each call from DPX_KERNEL_FWD:
+    "tok" (unset or "tok", the default): the output over super-chunks of n chunks (<= 64 tokens) in fla's layout,
+        chunk_o.chunk_dp_fwd_kernel_o_tok; the walk keeps every chunk's state when the backward will read them
+        (keeps_states and a gradient is wanted) and only one per super-chunk otherwise (chunk_super's walk);
+    "chunk": chunk_h + chunk_o, one state per 64-step chunk and BT query rows (the default up to session 15);
+    "super": chunk_super's walk and output kernels (an anchor; its output kernel is the slowest of the three).
+    The backward is the same either way; n_h = 1 always runs chunk_o (a super-chunk is a chunk there)."""
     return _env_choice("DPX_KERNEL_FWD", FWD_KERNELS)
 
 
@@ -208,8 +222,9 @@ class ChunkGatedDeltaProductFunction(torch.autograd.Function):
     @staticmethod
     @contiguous
     def forward(ctx, q, k, v, g, beta, h0, tab, scale, output_final_state, cu_seqlens):
-        o, ht, wy = chunk_forward(q, k, v, g, beta, h0, tab, scale, output_final_state,
-                                  keeps_states(q.dtype, tab.n, q.shape[-1]))
+        # the chunk states are kept only where a backward will read them (not under no_grad / for inference)
+        keep = any(ctx.needs_input_grad[:6]) and keeps_states(q.dtype, tab.n, q.shape[-1])
+        o, ht, wy = chunk_forward(q, k, v, g, beta, h0, tab, scale, output_final_state, keep)
         # T = (I+A)^-1 per chunk (half a key tensor in size at head dim 128) and the gate sums are kept, so the
         # backward re-runs only the 64-row products W = T X, U = T Y instead of the whole preparation (fla keeps A);
         # by default also the chunk states and v_new (save_states; DPX_KERNEL_SAVE_STATES=0 recomputes them)
@@ -315,9 +330,9 @@ def chunk_gated_delta_product(
 
 # -- under torch.compile: the kernel as two registered custom ops ---------------------------------------------------
 # So that torch.compile traces a model around the kernel in one graph:
-#     dpx::chunk_dp_fwd(q, k, v, g?, beta, h0?, cu_seqlens?, n, scale, output_final_state)
+#     dpx::chunk_dp_fwd(q, k, v, g?, beta, h0?, cu_seqlens?, n, scale, output_final_state, keep=True)
 #         -> (o [B,T,H,V], final state [N,H,K,V] float32 (or [0]), T [NC,H,64,64], G [NC,H,64], gamma [NC,H],
-#             h [NC,H,K,V] and v_new [NC,H,64,V] (or [0] each: not kept with DPX_KERNEL_SAVE_STATES=0, keeps_states))
+#             h [NC,H,K,V] and v_new [NC,H,64,V] (or [0] each: not kept with DPX_KERNEL_SAVE_STATES=0, keeps_states, or keep=False: no gradient wanted))
 #     dpx::chunk_dp_bwd(q, k, v, g?, beta, h0?, T, G, gamma, h, v_new, do, dht?, cu_seqlens?, n, scale)
 #         -> (dq, dk, dv, dg (or [0]), dbeta, dh0 (or [0]))
 # They run chunk_forward / chunk_backward, the bodies of the eager autograd.Function, on the same chunk table, so
@@ -335,16 +350,17 @@ def _table(q: Tensor, n: int, cu_seqlens: Optional[Tensor]):
 def _register_ops():
     @torch.library.custom_op("dpx::chunk_dp_fwd", mutates_args=())
     def fwd_op(q: Tensor, k: Tensor, v: Tensor, g: Optional[Tensor], beta: Tensor, h0: Optional[Tensor],
-               cu_seqlens: Optional[Tensor], n: int, scale: float, output_final_state: bool
+               cu_seqlens: Optional[Tensor], n: int, scale: float, output_final_state: bool, keep: bool = True
                ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
         c = lambda x: None if x is None else x.contiguous()
         o, ht, (t, G, gamma, *states) = chunk_forward(c(q), c(k), c(v), c(g), c(beta), c(h0), _table(q, n, cu_seqlens),
-                                                      scale, output_final_state, keeps_states(q.dtype, n, q.shape[-1]))
+                                                      scale, output_final_state,
+                                                      keep and keeps_states(q.dtype, n, q.shape[-1]))
         h, v_new = states or (q.new_empty(0), k.new_empty(0))
         return o, (ht if ht is not None else q.new_empty(0, dtype=torch.float32)), t, G, gamma, h, v_new
 
     @fwd_op.register_fake
-    def _(q, k, v, g, beta, h0, cu_seqlens, n, scale, output_final_state):
+    def _(q, k, v, g, beta, h0, cu_seqlens, n, scale, output_final_state, keep=True):
         B, T, H, K = q.shape
         V = v.shape[-1]
         if cu_seqlens is None:
@@ -354,7 +370,7 @@ def _register_ops():
         o = q.new_empty(B, T, H, V)
         ht = q.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else \
             q.new_empty(0, dtype=torch.float32)
-        keep = keeps_states(q.dtype, n, K)
+        keep = keep and keeps_states(q.dtype, n, K)
         h = q.new_empty(NC, H, K, V) if keep else q.new_empty(0)
         v_new = k.new_empty(NC, H, BL, V) if keep else k.new_empty(0)
         return (o, ht, k.new_empty(NC, H, BL, BL), q.new_empty(NC, H, BL, dtype=torch.float32),
@@ -379,7 +395,7 @@ def _register_ops():
                 torch.empty_like(h0) if h0 is not None else e())
 
     def setup_context(ctx, inputs, output):
-        q, k, v, g, beta, h0, cu_seqlens, n, scale, output_final_state = inputs
+        q, k, v, g, beta, h0, cu_seqlens, n, scale, output_final_state, *_ = inputs
         _, _, t, G, gamma, h, v_new = output
         ctx.save_for_backward(q, k, v, g, beta, h0, t, G, gamma, h, v_new, cu_seqlens)
         ctx.n, ctx.scale, ctx.has_ht = n, scale, output_final_state
@@ -406,7 +422,8 @@ except Exception as e:  # noqa: BLE001 - a torch whose torch.library cannot: com
 
 def chunk_dp_apply(q, k, v, g, beta, h0, cu_seqlens, n: int, scale: float, output_final_state: bool):
     """(o, final state or None), as ChunkGatedDeltaProductFunction.apply, through the custom ops."""
-    o, ht, *_ = chunk_dp_fwd_op(q, k, v, g, beta, h0, cu_seqlens, n, scale, output_final_state)
+    keep = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, g, beta, h0))
+    o, ht, *_ = chunk_dp_fwd_op(q, k, v, g, beta, h0, cu_seqlens, n, scale, output_final_state, keep)
     return o, (ht if output_final_state else None)
 
 

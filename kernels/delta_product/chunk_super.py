@@ -1,4 +1,10 @@
-"""The forward's state walk and output over super-chunks of n chunks (n * BT <= 64 tokens): opt-in, DPX_KERNEL_FWD=super.
+"""The forward's state walk (and an output kernel) over super-chunks of n chunks (n * BT <= 64 tokens).
+
+chunk_dp_fwd_h_super is the default forward's walk at n_h > 1 when no backward needs the per-chunk states
+(inference, evaluation, DPX_KERNEL_SAVE_STATES=0); its output kernel is then chunk_o.chunk_dp_fwd_kernel_o_tok
+(DPX_KERNEL_FWD=tok, the default). The pair below (walk + chunk_dp_fwd_kernel_o_super) is the opt-in
+DPX_KERNEL_FWD=super, kept as an anchor: its output kernel is slower than o_tok on the H200 (0.344 against 0.218 ms at
+n_h 3, session 16).
 
 fla keeps one state per 64 *tokens* for DeltaProduct and computes each 64-token block's output against all of its
 64 * n steps; chunk_h / chunk_o keep one state per chunk of 64 *steps* (64 // n tokens). At n_h = 2 the chunk path
@@ -14,9 +20,9 @@ output tiles have 32 query rows, not 64: on the H200 its fwd_h took 0.299 ms and
       before it). The sum is exact: the state after step s is h_s decayed plus k_r v_new_r^T over the super-chunk's
       steps r <= s, whichever chunk (and so whichever chunk-start state) each v_new_r was computed against.
 
-Only the forward changes: the backward recomputes the per-chunk states with chunk_h, as before. Verified against the
-float64 loop on the interpreter (tests/test_kernels_triton.py); not yet run on a GPU, so chunk_h / chunk_o stay
-the default until benchmarks/gpu_check.py --env DPX_KERNEL_FWD=super passes on the H200.
+Only the forward changes: a backward after this walk recomputes the per-chunk states with chunk_h. Verified against
+the float64 loop on the interpreter (tests/test_kernels_triton.py) and, as the default no-grad walk, by the H200
+acceptance check (benchmarks/gpu_check.py: every case's forward also runs under no_grad).
 """
 from __future__ import annotations
 
@@ -135,6 +141,22 @@ def chunk_dp_fwd_kernel_o_super(
     tl.store(p_o, (b_o * scale).to(o.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
 
 
+def chunk_dp_fwd_h_super(w, u, k, G, gamma, h0, tab: ChunkTable, output_final_state: bool, state_dtype, prec: str,
+                         gated: bool):
+    """The state walk alone, one state per super-chunk: w [NC,H,BL,K], u [NC,H,BL,V], k [NTOK*n,H,K], G [NC,H,BL],
+    gamma [NC,H], h0 [N,H,K,V] or None -> h [NSC,H,K,V] (state_dtype), v_new [NC,H,BL,V], the final state
+    [N,H,K,V] float32 (or None). The default forward's walk when no backward needs the per-chunk states."""
+    NC, H, _, K = w.shape
+    V = u.shape[-1]
+    h = w.new_empty(tab.NSC, H, K, V, dtype=state_dtype)
+    v_new = torch.empty_like(u)
+    ht = w.new_empty(tab.N, H, K, V, dtype=torch.float32) if output_final_state else None
+    launch(chunk_dp_fwd_kernel_h_super, lambda meta: (triton.cdiv(V, meta["BV"]), tab.N * H),
+           w, u, k, G, gamma, h0, h, v_new, ht, tab.chunk_bos, tab.chunk_len, tab.seq_chunks, tab.seq_sc, H=H, K=K,
+           V=V, BL=BL, BK=next_pow2(K), NS=tab.n, BTC=tab.BT, PREC=prec, USE_G=gated)
+    return h, v_new, ht
+
+
 def chunk_dp_fwd_h_o_super(q, k, w, u, gamma, G, h0, tab: ChunkTable, scale: float, output_final_state: bool,
                            prec: str, gated: bool):
     """chunk_h.chunk_dp_fwd_h + chunk_o.chunk_dp_fwd_o over super-chunks: q [NTOK,H,K], k [NTOK*n,H,K], w
@@ -142,15 +164,9 @@ def chunk_dp_fwd_h_o_super(q, k, w, u, gamma, G, h0, tab: ChunkTable, scale: flo
     Returns o [NTOK,H,V] (q's dtype) and the final state [N,H,K,V] float32 (or None)."""
     NTOK, H, K = q.shape
     V = u.shape[-1]
-    h = w.new_empty(tab.NSC, H, K, V, dtype=q.dtype)
-    v_new = torch.empty_like(u)
-    ht = w.new_empty(tab.N, H, K, V, dtype=torch.float32) if output_final_state else None
-    BK = next_pow2(K)
-    launch(chunk_dp_fwd_kernel_h_super, lambda meta: (triton.cdiv(V, meta["BV"]), tab.N * H),
-        w, u, k, G, gamma, h0, h, v_new, ht, tab.chunk_bos, tab.chunk_len, tab.seq_chunks, tab.seq_sc, H=H, K=K, V=V,
-        BL=BL, BK=BK, NS=tab.n, BTC=tab.BT, PREC=prec, USE_G=gated)
+    h, v_new, ht = chunk_dp_fwd_h_super(w, u, k, G, gamma, h0, tab, output_final_state, q.dtype, prec, gated)
     o = q.new_empty(NTOK, H, V)
     launch(chunk_dp_fwd_kernel_o_super, lambda meta: (triton.cdiv(V, meta["BV"]), tab.NSC, H),
         q, k, G, h, v_new, o, tab.chunk_bos, tab.sc_chunk0, tab.sc_len, scale, H=H, K=K, V=V, NH=tab.n, BT=tab.BT,
-        BTQ=query_tile(tab.n * tab.BT, q.dtype), BL=BL, BK=BK, NS=tab.n, PREC=prec)
+        BTQ=query_tile(tab.n * tab.BT, q.dtype), BL=BL, BK=next_pow2(K), NS=tab.n, PREC=prec)
     return o, ht
