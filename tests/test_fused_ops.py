@@ -242,3 +242,19 @@ def test_block_rmsnorm_fused_matches_plain(monkeypatch):
     g1 = torch.autograd.grad(y1, [xf, nf.weight], dy.float().to(DEVICE))
     assert rel(y1, y0) < TOL and all(rel(a, b) < TOL for a, b in zip(g1, g0))
     assert not RMSNorm(8)._use_fused(torch.zeros(1, 8))  # plain on CPU by default
+
+
+@pytest.mark.parametrize("family, heads, n", [("deltaproduct", 6, 3), ("deltanet", 12, 1), ("gated_deltaproduct", 8, 2)])
+def test_fused_projection_rows_are_16_byte_aligned(family, heads, n):
+    """The one input GEMM's output width is a multiple of 8 (cuBLAS's fast Hopper kernels need 16-byte rows; fig4
+    at n_h = 3 is 5394 columns unpadded), padded with zero rows that are no parameter and get no gradient."""
+    from dpx.models.mixers.delta import DeltaProductMixer
+    cfg = ModelConfig(family=family, hidden_size=64, num_heads=heads, head_dim=16, num_householder=n,
+                      allow_neg_eigval=True)
+    m = DeltaProductMixer(cfg)
+    w, sizes = m._in_weight()
+    assert w.shape[0] % 8 == 0 and w.shape[0] == sum(sizes)
+    real = sum(sizes[:-1])
+    assert torch.equal(w[real:], torch.zeros_like(w[real:]))
+    in_params = sum(p.numel() for k, p in m.named_parameters() if k.endswith("_proj.weight") and k != "o_proj.weight")
+    assert in_params == real * 64  # the pad is no parameter
