@@ -198,5 +198,6 @@ def test_shell_completion_of_recipe_names(tmp_path, dpx):
     assert r.stdout.split() == ["recipes/quickstart.yaml"]
     # typer detects the shell from the process tree (shellingham) unless told not to; under nohup or a reparented
     # job there is no shell to find ("Shell  not supported"), so the test names it and turns detection off
-    r = dpx("--show-completion", "bash", env={"SHELL": "/bin/bash", "_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION": "1"})
+    no_detect = {"SHELL": "/bin/bash", "_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION": "1"}
+    r = dpx("--show-completion", "bash", env=no_detect)
     assert r.returncode == 0 and "_dpx_completion" in r.stdout

@@ -4,7 +4,7 @@
 #   PART=1  the acceptance check's first part at the patched kernels_sha (--budget-s CHECK_S, default 380)
 #   PART=2  the rest of it (RESUME=<part 1's _rows.jsonl, copied into the tree>), then the speed table beside fla
 #           at the same sha (SPEED_S, default 200; the fla autotune cache of session 7 keeps fla's warm-up short)
-#   PART=speed  only the speed table (SPEED_NS, default 2,3,1)
+#   PART=speed  only the speed table (SPEED_NS, default 2,3,1, as in PART=2)
 #   PART=layer  layer_gpu.py --parts check,profile (the fused ops against float64, one mixer's profile beside fla at
 #               PROFILE_SHAPE, default fig4:3; LAYER_S, default 240)
 # JOBS (default 16): the check's parallel cases; GPUS=0,1: the GPUs its cases go round (gpu_check.py --gpus);
@@ -53,7 +53,7 @@ check() {  # $1: budget (s); RESUME, if set, is part 1's rows
 case "$PART" in
   1) check "${CHECK_S:-380}" ;;
   2) [ -n "${RESUME:-}" ] || { echo "PART=2 needs RESUME=<part 1's _rows.jsonl>"; exit 2; }
-     check "${CHECK_S:-300}"; speed "$OUT/speed" 2,3,1 "${SPEED_S:-200}" --also-env DPX_KERNEL_SAVE_STATES=0 ;;
+     check "${CHECK_S:-300}"; speed "$OUT/speed" "${SPEED_NS:-2,3,1}" "${SPEED_S:-200}" --also-env DPX_KERNEL_SAVE_STATES=0 ;;
   speed) speed "$OUT/speed" "${SPEED_NS:-2,3,1}" "${SPEED_S:-200}" --also-env DPX_KERNEL_SAVE_STATES=0 ;;
   layer) mkdir -p "$OUT/layer"  # the fused ops (kernels/fused) against float64 on the GPU, then one mixer's profile
      timeout "${LAYER_S:-240}" python3 benchmarks/layer_gpu.py --out "$OUT/layer" --wheels .whl --parts check,profile \
