@@ -209,6 +209,43 @@ def launches(dtype: torch.dtype, d: int, n: int, gated: bool, bwd_fp32: str, dqk
                 os.environ[k] = v
 
 
+def conv_x_loads(width: int, offset: int, channels: int, group: int, dtype: str = "bf16", cc: int = 90) -> dict:
+    """The global loads of the short-conv kernels (kernels/fused/short_conv.py, forward and backward) when x is the
+    column slice [offset, offset + channels) of a [B, T, width] projection output, as the mixer's fused input GEMM
+    gives them: {kernel: {PTX load instruction: count}}, from the real launch path (the launches are recorded, not
+    run) compiled for sm_cc with the JIT's divisibility specialization. A row stride that is no multiple of 16
+    elements is not specialized, and every load of x becomes a 2-byte `ld.global.b16` (session 20)."""
+    from collections import Counter
+
+    from dpx.kernels.fused import short_conv as sc
+    seen = []
+    orig = JITFunction.run
+
+    def run(self, *args, grid, warmup, **kwargs):
+        seen.append((self, {**dict(zip([p.name for p in self.params], args)), **kwargs}))
+
+    JITFunction.run = run
+    try:
+        base = torch.zeros(1, 64, width, dtype=DTYPES[dtype], requires_grad=True)
+        x = base[..., offset:offset + channels]
+        w = torch.randn(channels, 4, requires_grad=True)
+        y = sc.CausalConv1dFn.apply(x, w, None, None, True, group, 1e-6)
+        y.backward(torch.zeros_like(y))
+    finally:
+        JITFunction.run = orig
+    out = {}
+    for jf, values in seen:
+        cfg = triton.Config({}, num_warps=values.pop("num_warps", 4), num_stages=values.pop("num_stages", 1))
+        values = {p.name: values[p.name] for p in jf.params}
+        sig, consts = signature(jf, values, cfg)
+        c = triton.compile(ASTSource(fn=jf, signature=sig, constexprs=consts,
+                                     attrs={(i,): [["tt.divisibility", 16]] for i in aligned(jf, values, cfg)}),
+                           target=GPUTarget("cuda", cc, 32), options={"num_warps": cfg.num_warps,
+                                                                        "num_stages": cfg.num_stages})
+        out[jf.__name__] = dict(Counter(re.findall(r"ld\.global[.\w]*", c.asm["ptx"])))
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dtypes", default="bf16,fp32")

@@ -244,17 +244,25 @@ def test_block_rmsnorm_fused_matches_plain(monkeypatch):
     assert not RMSNorm(8)._use_fused(torch.zeros(1, 8))  # plain on CPU by default
 
 
-@pytest.mark.parametrize("family, heads, n", [("deltaproduct", 6, 3), ("deltanet", 12, 1), ("gated_deltaproduct", 8, 2)])
-def test_fused_projection_rows_are_16_byte_aligned(family, heads, n):
-    """The one input GEMM's output width is a multiple of 8 (cuBLAS's fast Hopper kernels need 16-byte rows; fig4
-    at n_h = 3 is 5394 columns unpadded), padded with zero rows that are no parameter and get no gradient."""
+@pytest.mark.parametrize("family, heads, n, d", [("deltaproduct", 6, 3, 16), ("deltanet", 12, 1, 16),
+                                                 ("gated_deltaproduct", 8, 2, 16), ("deltaproduct", 4, 2, 21)])
+def test_fused_projection_parts_are_16_column_aligned(family, heads, n, d):
+    """Every part of the one input GEMM's output starts at a multiple of 16 columns and the width is one (cuBLAS's
+    fast Hopper kernels need 16-byte rows: fig4 at n_h = 3 is 5394 columns unpadded; Triton vectorizes the short
+    conv's loads of the q/k/v column views only for a row stride divisible by 16 and 16-byte aligned starts). The
+    pads are zero rows that are no parameter and get no gradient, and the split gives back each projection."""
     from dpx.models.mixers.delta import DeltaProductMixer
-    cfg = ModelConfig(family=family, hidden_size=64, num_heads=heads, head_dim=16, num_householder=n,
+    cfg = ModelConfig(family=family, hidden_size=64, num_heads=heads, head_dim=d, num_householder=n,
                       allow_neg_eigval=True)
     m = DeltaProductMixer(cfg)
     w, sizes = m._in_weight()
-    assert w.shape[0] % 8 == 0 and w.shape[0] == sum(sizes)
-    real = sum(sizes[:-1])
-    assert torch.equal(w[real:], torch.zeros_like(w[real:]))
+    assert w.shape[0] % 16 == 0 and w.shape[0] == sum(sizes) and len(sizes) % 2 == 0
+    starts = [sum(sizes[:i]) for i in range(0, len(sizes), 2)]
+    assert all(s % 16 == 0 for s in starts), starts
+    mods = [m.q_proj, m.k_proj, m.v_proj, m.b_proj] + ([m.a_proj] if cfg.use_forget_gate else [])
+    for mod, s0, size, pad in zip(mods, starts, sizes[::2], sizes[1::2], strict=True):
+        assert torch.equal(w[s0:s0 + size], mod.weight) and size == mod.out_features
+        assert torch.equal(w[s0 + size:s0 + size + pad], torch.zeros_like(w[s0 + size:s0 + size + pad]))
+    assert sum(sizes[1::2]) > 0  # some part needed padding (the test would otherwise not see the pads)
     in_params = sum(p.numel() for k, p in m.named_parameters() if k.endswith("_proj.weight") and k != "o_proj.weight")
-    assert in_params == real * 64  # the pad is no parameter
+    assert in_params == sum(sizes[::2]) * 64  # the pads are no parameter

@@ -92,3 +92,48 @@ def test_super_forward_kernels_compile_for_sm90(tmp_path, dtype, dims, n):
     assert {x["d"] for x in launches} == {int(d) for d in dims.split(",")}
     for x in launches:
         assert x["fits"] and all(c.get("error") is None for c in x["configs"]), x
+
+
+CONV_LOADS = r"""
+import json, sys
+sys.path.insert(0, "benchmarks")
+import kernel_resources as kr, lm_throughput as lt
+from dpx.models import build_model
+from dpx.models.mixers.delta import DeltaProductMixer
+out = {}
+for shape in ("fig4", "table3"):
+    for variant in ("1", "2", "3", "g1", "g2", "g3"):
+        m = next(x for x in build_model({**lt.model_config(shape, variant), "num_layers": 1}).modules()
+                 if isinstance(x, DeltaProductMixer))
+        w, sizes = m._in_weight()
+        starts = [sum(sizes[:i]) for i in range(0, len(sizes), 2)]  # sizes: each part's width, then its pad
+        for name, off, c, g in (("q", starts[0], sizes[0], m.K), ("k", starts[1], sizes[2], m.K),
+                                ("v", starts[2], sizes[4], 0)):
+            key = f"{w.shape[0]}/{off}/{c}/{g}"
+            if key not in out:
+                out[key] = kr.conv_x_loads(w.shape[0], off, c, g)
+out["unpadded 5400/768/2304/128"] = kr.conv_x_loads(5400, 768, 2304, 128)
+print(json.dumps(out))
+"""
+
+
+def test_short_conv_loads_of_every_lm_shape_are_vectorized():
+    # the short conv reads q/k/v as column slices of the fused input projection; unless its row stride is a
+    # multiple of 16 elements, Triton does not specialize it and every load of x is a 2-byte scalar load (fig4 at
+    # n_h = 3 padded to 8 was 5400 wide: 128 `ld.global.b16` a thread in each kernel). Every fig4/table3 variant the
+    # LM benchmark builds, compiled for sm_90 from its real launch; the unpadded width shows the check can fail.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", CONV_LOADS], capture_output=True, text=True, env=env, timeout=900,
+                       cwd=SCRIPT.parent.parent)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    loads = json.loads(r.stdout.strip().splitlines()[-1])
+    bad = loads.pop("unpadded 5400/768/2304/128")
+    assert all("ld.global.b16" in v for v in bad.values()), bad
+    assert len(loads) >= 12, loads
+    for key, kernels in loads.items():
+        assert set(kernels) == {"_conv_fwd_kernel", "_conv_bwd_kernel"}, key
+        _, _, c, g = map(int, key.split("/"))
+        if g % 8 or c % 16:  # head dim 85 (Table 3, n_h = 2): q/k programs start at column i * 85, and v's 680
+            continue         # channels leave the mask `cols < C` unspecialized: kernel-side, no padding removes it
+        for name, ld in kernels.items():
+            assert "ld.global.b16" not in ld and any(".v" in i for i in ld), (key, name, ld)

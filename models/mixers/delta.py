@@ -95,32 +95,39 @@ class DeltaProductMixer(Mixer):
             return self.fused
         return x.is_cuda and os.environ.get("DPX_FUSED", "1") != "0"
 
-    # The fused projection's output width, padded with zero rows to a multiple of this: cuBLAS picks its fast
-    # Hopper GEMMs only for 16-byte-aligned rows (8 bf16). Unpadded, fig4 at n_h = 3 (6 heads: 768 + 2 x 2304 + 18
-    # = 5394 columns) ran an sm80 "align2" kernel, 1.44 ms forward against 0.6 for the separate projections (H200,
-    # session 18 profile); DeltaNet (12 heads: 4620) and Table 3's non-gated shapes (1540, 1804) are 4-aligned.
-    IN_ALIGN = 8
+    # The fused projection's parts each start at a column that is a multiple of this (zero rows after each part;
+    # no parameter). cuBLAS picks its fast Hopper GEMMs only for 16-byte-aligned rows (8 bf16): unaligned, fig4 at
+    # n_h = 3 (6 heads: 768 + 2 x 2304 + 18 = 5394 columns) ran an sm80 "align2" kernel, 1.44 ms forward against
+    # 0.6 for the separate projections (H200, session 18 profile). 16 rather than 8, and each part rather than the
+    # total: the short-conv kernels read q/k/v as strided column views of this output, and Triton vectorizes those
+    # loads only when the row stride is divisible by 16 and the view starts 16-byte aligned (5400 = 5394 padded to 8
+    # is not: every x load of the conv was a 2-byte scalar load, tests/test_kernel_resources.py).
+    IN_ALIGN = 16
 
     def _in_weight(self) -> tuple[torch.Tensor, list[int]]:
-        """All input projections as one [sum(out) + pad, d] weight (concatenated per call; the pad is zero rows,
-        no parameter) and the split sizes, the pad's last."""
+        """All input projections as one [sum(sizes), d] weight (concatenated per call; the pads are zero rows, no
+        parameter, no gradient) and its split sizes: each projection's width followed by its pad (the real parts
+        are split(sizes)[::2])."""
         mods = [self.q_proj, self.k_proj, self.v_proj, self.b_proj]
         if self.cfg.use_forget_gate:
             mods.append(self.a_proj)
         if self.cfg.use_output_gate:
             mods.append(self.g_proj)
-        ws, sizes = [m.weight for m in mods], [m.out_features for m in mods]
-        pad = -sum(sizes) % self.IN_ALIGN
-        if pad:
-            ws.append(ws[0].new_zeros(pad, ws[0].shape[1]))
-        return torch.cat(ws), sizes + [pad]
+        ws, sizes = [], []
+        for m in mods:
+            pad = -m.out_features % self.IN_ALIGN
+            ws.append(m.weight)
+            if pad:
+                ws.append(m.weight.new_zeros(pad, m.weight.shape[1]))
+            sizes += [m.out_features, pad]
+        return torch.cat(ws), sizes
 
     def _forward_fused(self, x, state):
         B, T, _ = x.shape
         H, K, V, n, cfg = self.H, self.K, self.V, self.n, self.cfg
         impl = self.fused_impl
         w, sizes = self._in_weight()
-        parts = F.linear(x, w).split(sizes, dim=-1)[:-1]  # the pad's columns dropped
+        parts = F.linear(x, w).split(sizes, dim=-1)[::2]  # the pads' columns dropped
         q, k, v, b = parts[:4]
         caches = {}
         if cfg.use_short_conv:
