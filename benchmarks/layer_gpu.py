@@ -989,13 +989,20 @@ def _rest_in_subprocess(plan, args, out: Path, t_end: float, warmup: dict | None
     return rows
 
 
-def resumed_rows(path: str, compiled: bool) -> tuple[dict, dict]:
+def resumed_rows(path: str, compiled: bool, gpu: str = "") -> tuple[dict, dict]:
     """({"shape:variant": row}, {"shape:variant": fla row}) of an earlier JSON's finished rows: dpx measured (and
     compiled, under --compile) and fla measured, refused or absent; rows that a budget or a fault cut short (a
-    status "not finished: ..." or "failed: ...") are measured again."""
+    status "not finished: ..." or "failed: ...") are measured again. Nothing is kept from a file measured on
+    another GPU model than `gpu`: its fla rows would be the anchors of this run's dpx rows (session 21: a resumed
+    H200 file's fla rows set against H100 dpx rows gave 0.90 where the same-card ratio was 1.23)."""
     if not path:
         return {}, {}
     rep = json.loads(Path(path).read_text())
+    was = rep.get("env", {}).get("gpu", "")
+    if gpu and was != gpu:
+        print(f"[layer_gpu] --resume: {path} was measured on {was or 'an unnamed device'}, this run is on {gpu}: "
+              "nothing kept, every row measured again", flush=True)
+        return {}, {}
     ok = lambda r: isinstance(r, dict) and r.get("status") == "ok"
     cut = lambda r: isinstance(r, dict) and str(r.get("status", "")).startswith(("not finished", "failed"))
     fla = {k: r for k, r in rep.get("fla_rows", {}).items() if ok(r)}
@@ -1091,7 +1098,7 @@ def main(argv=None) -> int:
     env.update(fla_error=fla_err, fla_layer=FLA_SOURCE["layer"], args=vars(args))
     print(f"[layer_gpu] {json.dumps(env)}", flush=True)
     plan = _plan(args)
-    kept, kept_fla = resumed_rows(args.resume, args.compile)
+    kept, kept_fla = resumed_rows(args.resume, args.compile, env.get("gpu", ""))
     if kept:
         plan = [p for p in plan if f"{p[0]}:{p[1]}" not in kept]
         print(f"[layer_gpu] --resume: {len(kept)} finished rows kept from {args.resume}; {len(plan)} to measure",

@@ -154,3 +154,18 @@ def test_resumed_rows_drops_rows_cut_short(tmp_path):
     rows, _ = layer_gpu.resumed_rows(str(f), compiled=False)
     assert list(rows) == ["fig4:2", "fig4:g2", "tiny:2"]  # fig4:1's fla was cut short: measured again
     assert layer_gpu.resumed_rows("", True) == ({}, {})
+
+
+def test_resumed_rows_of_another_gpu_are_measured_again(tmp_path, capsys):
+    # rows of another card are not anchors for this run's: the resumed fla rows would be divided into new dpx rows
+    sys.path.insert(0, str(SCRIPT.parent))
+    import layer_gpu
+    ok = {"status": "ok"}
+    rep = {"env": {"gpu": "NVIDIA H200"}, "fla_rows": {"table3:1": ok},
+           "rows": [{"shape": "table3", "variant": "1", "dpx": ok, "dpx_compiled": ok, "fla_ref": ok}]}
+    f = tmp_path / "r.json"
+    f.write_text(json.dumps(rep))
+    assert layer_gpu.resumed_rows(str(f), True, "NVIDIA H100 80GB HBM3") == ({}, {})
+    assert "measured on NVIDIA H200" in capsys.readouterr().out
+    rows, fla = layer_gpu.resumed_rows(str(f), True, "NVIDIA H200")
+    assert list(rows) == ["table3:1"] and list(fla) == ["table3:1"]
