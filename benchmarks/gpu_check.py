@@ -450,6 +450,26 @@ def check_one(c, timeout=200) -> dict:
     return row
 
 
+GIB_PER_JOB = 8.5  # the largest cases (16 x 32768 evals, 512 x 33 with fp32 references) peak near 8 GiB each
+
+
+def jobs_for_memory(jobs: int, gpus: list[str]) -> int:
+    """--jobs capped so that the cases' peaks fit the GPUs' memory: 16 jobs fit an H200 (141 GB) but ran an H100 (80
+    GB) out of memory in session 22 (20 OOM errors, 3 of them read as faults). nvidia-smi, not torch, so this
+    process holds no CUDA context; where it cannot be asked, --jobs stands."""
+    try:
+        q = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"]
+                           + (["-i", ",".join(gpus)] if gpus else ["-i", "0"]),
+                           capture_output=True, text=True, timeout=30, check=True).stdout.split()
+        cap = sum(max(1, int(float(m) / 1024 / GIB_PER_JOB)) for m in q)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return jobs
+    if cap < jobs:
+        print(f"--jobs {jobs} capped to {cap}: {' + '.join(q)} MiB of GPU memory at {GIB_PER_JOB} GiB a case",
+              flush=True)
+    return max(1, min(jobs, cap))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--case", help=argparse.SUPPRESS)
@@ -561,7 +581,7 @@ def main():
               flush=True)
 
     # phase 1, every case, dpx alone: fla's first-call autotuning (minutes, many kernels) must not hold the pool
-    with ThreadPoolExecutor(a.jobs) as pool:
+    with ThreadPoolExecutor(jobs_for_memory(a.jobs, _GPUS)) as pool:
         for fut in as_completed([pool.submit(one, c) for c in cases if c["id"] not in kept]):
             report(fut.result(), len(cases))
     # phase 2, the fla anchor (16-bit rows fla runs), on a small pool with a longer limit, if the budget allows

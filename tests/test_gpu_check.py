@@ -134,3 +134,19 @@ def test_the_kernels_on_main_passed_a_committed_acceptance_check():
             return
     raise AssertionError(f"no committed acceptance check covers kernels_sha {sha} ({len(want)} cases): "
                          + "; ".join(seen))
+
+
+@pytest.mark.parametrize("mib, jobs, want", [("81559", 16, 9), ("143771", 16, 16), ("81559\n81559", 16, 16),
+                                             ("81559", 4, 4)])
+def test_jobs_are_capped_by_gpu_memory(tmp_path, monkeypatch, mib, jobs, want):
+    # 16 jobs ran an H100 out of memory in session 22: the pool is sized by what nvidia-smi reports
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\nprintf '{mib}\\n'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert gpu_check.jobs_for_memory(jobs, ["0", "1"] if "\n" in mib else []) == want
+
+
+def test_jobs_stand_without_nvidia_smi(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert gpu_check.jobs_for_memory(16, []) == 16
