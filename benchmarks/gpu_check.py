@@ -19,7 +19,10 @@ The matrix: float32 / bfloat16 / float16 x n_h 1, 2, 3, 4, 8 x head dims 32, 64,
 through random, exactly zero, very negative, mixed zero/-30 and none), batch x length from 512 x 32 to 1 x 8192,
 varlen with a length-1 (and an empty) segment, without initial/final state, the decode kernel; plus every kernel
 shape that a shipped recipe's GPU scales build (training: forward + backward at the micro-batch x training length;
-evaluation: forward at the longest evaluated length), derived by expanding the recipes with dpx itself.
+evaluation: forward at the longest evaluated length), derived by expanding the recipes with dpx itself; and the
+fused glue ops of kernels/fused (short conv + L2 norm, gated RMSNorm, the block norm) at every model shape of those
+scales, on the model's own tensor layouts, against their PyTorch forms in float64 (gpu_check_fused.py), so a change
+anywhere under kernels/ (the kernels_sha) is checked by cases that run it.
 --env NAME=VALUE (repeatable) sets a variable in every case's process (the kernel switches, DPX_KERNEL_DQKWG=split
 say); the summary and every row record them, and a --resume refuses rows run with other --env values.
 Writes DIR/gpu_check.json (one row per case with its status) and DIR/gpu_check.md (the table); exit 1 if any fail.
@@ -43,7 +46,7 @@ TOL = {"float32": 1e-4, "bfloat16": 1.5e-2, "float16": 5e-3}  # relative RMS err
 FLA_FACTOR = 2.0
 SHORT = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 NAMES = ("o", "ht", "dq", "dk", "dv", "dbeta", "dg", "dh0")
-DELTA_FAMILIES = ("deltanet", "gated_deltanet", "deltaproduct", "gated_deltaproduct")
+from gpu_check_fused import DELTA_FAMILIES, fused_case, run_fused_case  # noqa: E402  (benchmarks/ is on sys.path)
 
 
 # ----------------------------------------------------------------------------------------------- the case list
@@ -99,16 +102,16 @@ def matrix_cases() -> list[dict]:
     return out
 
 
-def _recipe_shapes(path: Path, scale: str | None) -> list[dict]:
-    """Kernel calls the trials of `recipe x scale` make: (dtype, n, K, V, H, B, T, gated, beta_max, bwd)."""
+def _recipe_trials(path: Path, scale: str | None):
+    """(resolved ModelConfig, dtype, micro-batch, training length, evaluated lengths) of each trial of `recipe x
+    scale` that builds a model."""
     from dpx.orchestrator.trials import expand
     from dpx.models.config import ModelConfig
     from dpx.models.matching import resolve
     exp = expand(path, [f"scale={scale}"] if scale else [])
-    shapes = []
     for t in exp.trials:
         m = t.config.get("model")
-        if not m or m.get("family") not in DELTA_FAMILIES:
+        if not m or not m.get("family"):
             continue
         cfg = resolve(ModelConfig.from_dict(m))
         task, train = t.config.get("task") or {}, t.config.get("train") or {}
@@ -121,17 +124,53 @@ def _recipe_shapes(path: Path, scale: str | None) -> list[dict]:
         if task.get("tokens_per_step"):
             bs = task["tokens_per_step"] // task.get("context_len", tl_)
         micro = task.get("micro_batch_size") or bs // max(1, train.get("grad_accum", 1))
+        ev = [task[k] for k in ("test_len", "test_max_len") if k in task]
+        ev += [task[s]["max_len"] for s in ("extrapolation",) if isinstance(task.get(s), dict) and "max_len" in task[s]]
+        ev += [task[s]["seq_len"] for s in ("effective_rank",) if isinstance(task.get(s), dict) and "seq_len" in task[s]]
+        yield cfg, dtype, micro, tl_, ev
+
+
+def _recipe_shapes(path: Path, scale: str | None) -> list[dict]:
+    """Kernel calls the trials of `recipe x scale` make: (dtype, n, K, V, H, B, T, gated, beta_max, bwd)."""
+    shapes = []
+    for cfg, dtype, micro, tl_, ev in _recipe_trials(path, scale):
+        if cfg.family not in DELTA_FAMILIES:
+            continue
         base = dict(dtype=dtype, n=cfg.num_householder, K=cfg.key_dim, V=cfg.value_dim, H=cfg.num_heads,
                     gate="rand" if cfg.use_forget_gate else "none", beta_max=2.0 if cfg.allow_neg_eigval else 1.0)
         base.update(h0=False, ht=True)  # the models start from a zero state and return the final one
         shape = dict(base, B=micro, T=tl_, bwd=True, evals=[])
-        ev = [task[k] for k in ("test_len", "test_max_len") if k in task]
-        ev += [task[s]["max_len"] for s in ("extrapolation",) if isinstance(task.get(s), dict) and "max_len" in task[s]]
-        ev += [task[s]["seq_len"] for s in ("effective_rank",) if isinstance(task.get(s), dict) and "seq_len" in task[s]]
         if ev:  # evaluation: a forward at the longest evaluated length, in the same process (same binaries)
             shape["evals"] = [[min(micro, 64), max(ev)]]
         shapes.append(shape)
     return shapes
+
+
+def fused_recipe_cases() -> list[dict]:
+    """The fused glue ops (gpu_check_fused.py) of every model shape the GPU scales of the shipped recipes build."""
+    from dpx.orchestrator.load import read_recipe
+    from gpu_check_fused import MODEL_KEYS
+    out, seen = [], {}
+    for path in sorted((ROOT / "recipes").glob("*.yaml")):
+        for scale in [s for s in (read_recipe(path).get("scales") or {}) if s.startswith("gpu")]:
+            try:
+                trials = list(_recipe_trials(path, scale))
+            except Exception:  # noqa: BLE001 - recipe_cases() reports a recipe that does not expand
+                continue
+            for cfg, dtype, micro, tl_, _ in trials:
+                m = {k: getattr(cfg, k) for k in MODEL_KEYS}
+                if cfg.family not in DELTA_FAMILIES:  # only the block norms run fused: one case per (dtype, d)
+                    m = {k: (v if k in ("family", "hidden_size", "norm_eps") else None) for k, v in m.items()}
+                    m["family"] = "other"
+                c = fused_case(m, dtype, micro, tl_, f"{path.stem}:{scale}")
+                key = c["id"].rsplit(" [", 1)[0]
+                if key in seen:
+                    seen[key]["sources"].append(c["source"])
+                    continue
+                c["sources"] = [c["source"]]
+                seen[key] = c
+                out.append(c)
+    return out
 
 
 def recipe_cases() -> tuple[list[dict], list[str]]:
@@ -234,6 +273,8 @@ def run_case(c) -> dict:
     inputs = _inputs(c, dev)
     # the reference sees the inputs as the kernel does: q, k, v, beta rounded to the case's dtype
     rounded = [x if x is None or i > 3 else x.to(dtype).double() for i, x in enumerate(inputs)]
+    if c["kind"] == "fused":
+        return run_fused_case(c, _rel)
     row = {"errors": {}, "fla_errors": {}}
     if c["kind"] == "decode":
         from dpx.kernels.delta_product.fused_recurrent import fused_recurrent_gated_delta_product as dec
@@ -515,7 +556,7 @@ def main():
     cases, notes = matrix_cases(), []
     if not a.no_recipes:
         rc_, notes = recipe_cases()
-        cases += rc_
+        cases += rc_ + fused_recipe_cases()
     if a.only:
         cases = [c for c in cases if any(o in c["id"] for o in a.only.split("|"))]
     if a.list:

@@ -51,6 +51,53 @@ def test_every_gpu_scale_of_every_recipe_is_in_the_check():
     assert any(c["K"] == 85 and src(c, "table3") for c in cases)  # head-dim matching at n_h = 2
 
 
+def test_every_gpu_scale_builds_its_fused_op_cases():
+    # the fused glue (kernels/fused) is in the check at every model shape of every shipped recipe's GPU scales
+    cases = gpu_check.fused_recipe_cases()
+    ids = [c["id"] for c in cases]
+    assert len(ids) == len(set(ids))
+    sources = {src for c in cases for src in c["sources"]}
+    for path in sorted((ROOT / "recipes").glob("*.yaml")):
+        from dpx.orchestrator.load import read_recipe
+        for scale in read_recipe(path).get("scales") or {}:
+            if scale.startswith("gpu") and list(gpu_check._recipe_trials(path, scale)):
+                assert f"{path.stem}:{scale}" in sources, (path.name, scale)
+    kinds = {(c["model"]["family"] in gpu_check.DELTA_FAMILIES, c["model"].get("use_short_conv"),
+              c["model"].get("use_output_gate")) for c in cases}
+    assert {(True, True, False), (True, False, False), (False, None, None)} <= kinds, kinds
+    fig4 = [c for c in cases if any(s.startswith("fig4_throughput") for s in c["sources"])]
+    assert {c["n"] for c in fig4} == {1, 2, 3} and all(c["K"] == 128 and c["model"]["hidden_size"] == 1024 for c in fig4)
+
+
+GLUE = dict(family="gated_deltaproduct", hidden_size=48, num_heads=2, head_dim=16, expand_v=1.0, num_householder=2,
+            use_short_conv=True, use_output_gate=True, conv_size=4, norm_eps=1e-6)
+
+
+@pytest.mark.parametrize("model", [GLUE, dict(GLUE, family="deltanet", num_householder=1, use_short_conv=False,
+                                                use_output_gate=False)], ids=["conv+gate", "l2"])
+def test_worker_runs_a_fused_case_against_float64(model):
+    from gpu_check_fused import fused_case
+    c = fused_case(model, "float32", 2, 21, "test")
+    row = _worker(c)
+    ops = ({"conv_q", "conv_k", "conv_v", "conv_q+cache", "conv_k+cache", "conv_v+cache"} if model["use_short_conv"]
+           else {"l2_q", "l2_k"}) | {"o_norm", "block_norm"}
+    assert {k.split(".")[0] for k in row["errors"]} == ops
+    assert gpu_check.judge(c, row) == ("pass", [])
+
+
+def test_a_wrong_fused_op_fails_its_case(monkeypatch):
+    # the same case on the plain forms (no Triton), once as is and once with the gated norm's output 1 % off
+    from dpx.kernels import fused
+    from gpu_check_fused import fused_case, run_fused_case
+    c = dict(fused_case(GLUE, "float32", 2, 21, "test"), impl="torch")
+    assert gpu_check.judge(c, run_fused_case(c, gpu_check._rel)) == ("pass", [])
+    good = fused.rms_norm_gated
+    monkeypatch.setattr(fused, "rms_norm_gated", lambda x, w, g, eps, impl: good(x, w, g, eps, impl=impl) * 1.01)
+    status, bad = gpu_check.judge(c, run_fused_case(c, gpu_check._rel))
+    assert status == "fail" and any(b.startswith("o_norm.y") for b in bad) and any(b.startswith("block_norm.y")
+                                                                                   for b in bad), bad
+
+
 def _worker(case):
     env = {k: v for k, v in os.environ.items() if k != "DPX_KERNEL_BWD_FP32"}
     env["TRITON_INTERPRET"] = "1"
@@ -123,7 +170,7 @@ def test_the_kernels_on_main_passed_a_committed_acceptance_check():
     # recipes' GPU shapes). A change under kernels/ fails here until its check is committed (benchmarks/pending/ is
     # where such a change waits); a recipe whose GPU scale adds a kernel shape fails here until the check covers it.
     sha = gpu_check.kernels_sha()
-    want = {c["id"] for c in gpu_check.matrix_cases() + gpu_check.recipe_cases()[0]}
+    want = {c["id"] for c in gpu_check.matrix_cases() + gpu_check.recipe_cases()[0] + gpu_check.fused_recipe_cases()}
     seen = []
     for f in sorted((ROOT / "benchmarks" / "results").glob("gpu_check*.json")):
         d = json.loads(f.read_text())

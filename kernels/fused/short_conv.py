@@ -83,7 +83,9 @@ def _blocks(C: int, group: int):
 
 BT_FWD, NW_FWD = 32, 4  # forward: rows per program, warps
 BT_BWD, NW_BWD, NLOOP = 8, 4, 16  # backward: rows per tile, warps, tiles per program (dw partials per program);
-# sm_90 (ptxas of Triton 3.6): 208 registers, no spills at head dim 128 (16 rows x 8 warps: 255 + 96 B spilled)
+# sm_90 (ptxas of Triton 3.6): 208 registers, no spills at head dim 128 (16 rows x 8 warps: 255 + 96 B spilled);
+# with the elementwise dw/db partials (Triton 3.7.1's ptxas, fig4's 16-aligned k slice): 168 registers, 4 B
+# spilled, 16 barriers and 32 shuffles in the PTX against 30 and 96 with a row sum per tap per tile
 
 
 class CausalConv1dFn(torch.autograd.Function):
@@ -205,8 +207,10 @@ def _conv_bwd_kernel(x, cache, w, bias, dy, dx, dw, db, T, C, sxb, sxt, eps,
     cols = i_c * CSTEP + o_c
     cmask = (o_c < CSTEP) & (cols < C)
     part = i_b * NT + i_t
-    dw_acc = tl.zeros([BC, BW], dtype=tl.float32)
-    db_acc = tl.zeros([BC], dtype=tl.float32)
+    # dw/db partials summed elementwise over the program's tiles and reduced over rows once at the end: a row sum
+    # per tap per tile crossed the warps (shared memory and barriers) W + 1 times per 8-row tile
+    dw_acc = tl.zeros([BW, BT, BC], dtype=tl.float32)
+    db_acc = tl.zeros([BT, BC], dtype=tl.float32)
     for it in range(NLOOP):
         rows = (i_t * NLOOP + it) * BT + tl.arange(0, BT)
         acc = tl.zeros([BT, BC], dtype=tl.float32)
@@ -225,10 +229,11 @@ def _conv_bwd_kernel(x, cache, w, bias, dy, dx, dw, db, T, C, sxb, sxt, eps,
                         mc = ((s < 0) & (s >= 1 - W))[:, None] & cmask[None, :]
                         xv += tl.load(cache + i_b * (W - 1) * C + (s + W - 1)[:, None] * C + cols[None, :],
                                       mask=mc, other=0.).to(tl.float32)
-                    dw_acc += tl.sum(g * xv, axis=0)[:, None] * (o_w == i).to(tl.float32)[None, :]
-                db_acc += tl.sum(g, axis=0)
+                    dw_acc += (g * xv)[None, :, :] * (o_w == i).to(tl.float32)[:, None, None]
+                db_acc += g
         m = (rows < T)[:, None] & cmask[None, :]
         tl.store(dx + i_b * T * C + rows[:, None] * C + cols[None, :], acc.to(dx.dtype.element_ty), mask=m)
-    tl.store(dw + part * C * W + cols[:, None] * W + o_w[None, :], dw_acc, mask=cmask[:, None] & (o_w < W)[None, :])
+    tl.store(dw + part * C * W + cols[None, :] * W + o_w[:, None], tl.sum(dw_acc, axis=1),
+             mask=cmask[None, :] & (o_w < W)[:, None])
     if HAS_BIAS:
-        tl.store(db + part * C + cols, db_acc, mask=cmask)
+        tl.store(db + part * C + cols, tl.sum(db_acc, axis=0), mask=cmask)
