@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# One GPU call on main's kernels (no patch): which gate-gradient term of the gated per-chunk gradient kernel costs
+# (benchmarks/dqkwg_diag.py), then main's gated and non-gated kernel once each under Nsight Compute (8 warps, 2
+# stages: the autotuner's pick for both at B=4 T=4096 H=16 d=128 bf16, session 18).
+#   source .ci/device_setup.sh && bash benchmarks/pending/dqkwg_diag_call.sh        (~4 minutes)
+set -u
+OUT=${OUT:-$(pwd)/out}
+mkdir -p "$OUT"
+echo "kernels_sha $(python3 benchmarks/gpu_check.py --kernels-sha)"
+timeout "${DIAG_S:-300}" python3 benchmarks/dqkwg_diag.py --out "$OUT" --ns "${DIAG_NS:-2,3,1}" --jobs 14 2>&1 | tail -n 48
+echo "dqkwg_diag rc ${PIPESTATUS[0]}"
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
+if [ -z "$NCU" ]; then echo "ncu: not found"; exit 0; fi
+DPX_AUTOTUNE_PIN=chunk_dp_bwd_kernel_dqkwg:2 timeout "${NCU_S:-150}" "$NCU" --clock-control none \
+  -k regex:chunk_dp_bwd_kernel_dqkwg --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+  --section LaunchStats --section Occupancy --section ComputeWorkloadAnalysis -o "$OUT/ncu" -f \
+  python3 benchmarks/dqkwg_diag.py --compile-only --ns 2 --variants plain 2>&1 | tail -n 4
+echo "ncu rc ${PIPESTATUS[0]}"
+[ -f "$OUT/ncu.ncu-rep" ] && "$NCU" --import "$OUT/ncu.ncu-rep" --page details > "$OUT/ncu.txt" 2>&1
+[ -f "$OUT/ncu.txt" ] && grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Registers Per|Achieved Occupancy|Local|Stall|Issued Ipc|Warp Cycles" "$OUT/ncu.txt" | head -n 60
+exit 0
