@@ -58,12 +58,15 @@ VARIANTS = {"gated": [], "plain": [], **{f"-{t}": [t] for t in SUBS}, "-all": li
             "-all-but-gam": [t for t in SUBS if t != "gam"], "-all-but-R": [t for t in SUBS if t != "R"]}
 
 
+EXTRA = {}  # name -> a whole chunk_bwd.py (--extra NAME=FILE: e.g. a pending patch's version), timed as written
+
+
 def variant_module(name: str, tmp: str):
-    """chunk_bwd with VARIANTS[name]'s terms taken out, as module dpx.kernels.delta_product._diag_<i>."""
+    """chunk_bwd with VARIANTS[name]'s terms taken out (or EXTRA[name]), as module dpx.kernels.delta_product._diag_<i>."""
     if name in ("gated", "plain"):
         return chunk_bwd
-    src = open(chunk_bwd.__file__).read()
-    for term in VARIANTS[name]:
+    src = open(EXTRA.get(name, chunk_bwd.__file__)).read()
+    for term in VARIANTS.get(name, []):
         for old, new in SUBS[term]:
             if src.count(old) != 1:
                 raise SystemExit(f"dqkwg_diag: term {term!r}: {old.strip()!r} found {src.count(old)} times in "
@@ -110,6 +113,10 @@ def run(names, n, gated_shape, reps, timing):
         # the non-gate gradients must not move (a variant that changed them would time other work)
         same = all(torch.equal(a, b) for a, b in zip(out[:4], ref[:4]))
         rows[name] = {"ms": bench(fn, warmup=10, rep=reps) if timing else None, "dq_dk_dv_dbeta_equal_main": same}
+        if name in EXTRA:  # a real rewrite computes the gate gradient too: how far from main's
+            fin = torch.isfinite(ref[4])  # the staged inputs are random, not a trained model's: some dg overflow
+            rows[name]["dg_rel_diff_main"] = ((out[4] - ref[4])[fin].norm() / ref[4][fin].norm()).item()
+            rows[name]["dg_same_nonfinite"] = bool(torch.equal(fin, torch.isfinite(out[4])))
         print(f"n_h {n} {name:14s} {rows[name]}", flush=True)
     if timing:
         NCH = x["h"].shape[0] * x["h"].shape[1]
@@ -132,11 +139,20 @@ def main():
     ap.add_argument("--shape", default="4,4096,16,128,128", help="B,T,H,K,V")
     ap.add_argument("--jobs", type=int, default=12)
     ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--extra", action="append", default=[], metavar="NAME=FILE",
+                    help="also time a whole chunk_bwd.py (e.g. the kernels of a pending patch) as variant NAME")
     ap.add_argument("--compile-only", action="store_true", help="(phase 1, one process per variant and n_h)")
     a = ap.parse_args()
+    for e in a.extra:
+        name, _, path = e.partition("=")
+        if not os.path.isfile(path):
+            raise SystemExit(f"dqkwg_diag: --extra {e!r}: no file {path!r}")
+        EXTRA[name] = os.path.abspath(path)
     shape = tuple(int(s) for s in a.shape.split(","))
     ns = [int(s) for s in a.ns.split(",")]
     names = a.variants.split(",")
+    if not a.compile_only:  # a compile process builds only the variant it is given
+        names += [n for n in EXTRA if n not in names]
     if a.compile_only:
         for n in ns:
             run(names, n, shape, a.reps, timing=False)
@@ -147,6 +163,7 @@ def main():
         while sum(p.poll() is None for p in procs) >= a.jobs:
             time.sleep(0.5)
         procs.append(subprocess.Popen([sys.executable, __file__, "--compile-only", "--ns", str(n), "--variants", v,
+                                       *[f"--extra={e}" for e in a.extra],
                                        "--shape", "1,256," + ",".join(map(str, shape[2:]))],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
     for p, (n, v) in zip(procs, jobs):

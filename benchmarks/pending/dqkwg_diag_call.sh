@@ -7,7 +7,14 @@ set -u
 OUT=${OUT:-$(pwd)/out}
 mkdir -p "$OUT"
 echo "kernels_sha $(python3 benchmarks/gpu_check.py --kernels-sha)"
-timeout "${DIAG_S:-300}" python3 benchmarks/dqkwg_diag.py --out "$OUT" --ns "${DIAG_NS:-2,3,1}" --jobs 14 2>&1 | tail -n 48
+# dg-pass.patch's chunk_bwd.py (the gate gradient's D and M reductions in their own kernel) as one more variant
+EXTRA=()
+if git apply benchmarks/pending/dg-pass.patch; then
+  cp kernels/delta_product/chunk_bwd.py "$OUT/dgpass_chunk_bwd.py" && EXTRA=(--extra "dg-pass=$OUT/dgpass_chunk_bwd.py")
+  git apply -R benchmarks/pending/dg-pass.patch
+else echo "dg-pass.patch does not apply"; fi
+timeout "${DIAG_S:-300}" python3 benchmarks/dqkwg_diag.py --out "$OUT" --ns "${DIAG_NS:-2,3,1}" --jobs 14 "${EXTRA[@]}" \
+  2>&1 | tail -n 52
 echo "dqkwg_diag rc ${PIPESTATUS[0]}"
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
 if [ -z "$NCU" ]; then echo "ncu: not found"; exit 0; fi
