@@ -16,6 +16,7 @@ else echo "dg-pass.patch does not apply"; fi
 timeout "${DIAG_S:-300}" python3 benchmarks/dqkwg_diag.py --out "$OUT" --ns "${DIAG_NS:-2,3,1}" --jobs 14 "${EXTRA[@]}" \
   2>&1 | tail -n 52
 echo "dqkwg_diag rc ${PIPESTATUS[0]}"
+[ -n "${SKIP_NCU:-}" ] && exit 0
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
 if [ -z "$NCU" ]; then echo "ncu: not found"; exit 0; fi
 DPX_AUTOTUNE_PIN=chunk_dp_bwd_kernel_dqkwg:2 timeout "${NCU_S:-150}" "$NCU" --clock-control none \
