@@ -53,9 +53,13 @@ SUBS = {
     "R": [("b_R = b_D * tl.dot(b_q, tl.trans(b_k), input_precision=PREC)",
            "b_R = tl.zeros([BT, BL], dtype=tl.float32)")],
     "cumsum": [("b_dgi = tl.cumsum(b_dG, 0, reverse=True)", "b_dgi = b_dG")],
+    # the [BT, BL] masked sum that moves dGq from tokens to their read-out steps (dGq stays live: a scalar sum)
+    "scatter": [("b_dG += tl.sum(tl.where((o_t * NH + NH - 1)[:, None] == o_l[None, :], b_dGq[:, None], 0), 0)",
+                 "b_dG += tl.sum(b_dGq, 0)")],
 }
-VARIANTS = {"gated": [], "plain": [], **{f"-{t}": [t] for t in SUBS}, "-all": list(SUBS),
-            "-all-but-gam": [t for t in SUBS if t != "gam"], "-all-but-R": [t for t in SUBS if t != "R"]}
+TERMS = ("gam", "dgq0", "kdk", "M", "R", "cumsum")  # the "-all*" variants (session 25's spill table) take these
+VARIANTS = {"gated": [], "plain": [], **{f"-{t}": [t] for t in SUBS}, "-all": list(TERMS),
+            "-all-but-gam": [t for t in TERMS if t != "gam"], "-all-but-R": [t for t in TERMS if t != "R"]}
 
 
 EXTRA = {}  # name -> a whole chunk_bwd.py (--extra NAME=FILE: e.g. a pending patch's version), timed as written
