@@ -57,7 +57,7 @@ def main():
     if dirty.strip():
         raise SystemExit(f"dqkwg_spills: {KFILE} has uncommitted changes; commit or stash them first")
     src0 = open(KFILE).read()
-    print("| variant | n_h | config | spill st/ld (B) | regs |\n|---|---|---|---|---|")
+    print("| variant | n_h | config | spill st/ld (B) | regs | bar.sync / shfl (PTX) |\n|---|---|---|---|---|---|")
     try:
         for name in names:
             with open(KFILE, "w") as f:
@@ -69,7 +69,8 @@ def main():
             if not rows:
                 raise SystemExit(f"dqkwg_spills: {name}: no build\n{out.stderr[-2000:]}")
             for r in rows:
-                print(f"| {name} | {r[4].strip()} | {r[6].strip()} | {r[-2].strip()} | {r[-3].strip()} |", flush=True)
+                print(f"| {name} | {r[4].strip()} | {r[6].strip()} | {r[10].strip()} | {r[9].strip()} | {r[11].strip()} |",
+                      flush=True)
     finally:
         with open(KFILE, "w") as f:
             f.write(src0)

@@ -160,7 +160,10 @@ def _compile(jf: JITFunction, sig: dict, consts: dict, warps: int, stages: int, 
     log = out.getvalue()
     arch = f"sm_{cc}a" if cc == 90 else f"sm_{cc}"
     nums = _ptxas_numbers(log, True) if "Used " in log else ptxas_report(c.asm["ptx"], cc, arch)
-    return {"shared": c.metadata.shared, **nums}
+    # CTA-wide barriers and warp shuffles in the PTX: what cross-warp reductions and layout conversions cost a
+    # kernel that runs one CTA an SM (the per-chunk gradient kernel: 84 barriers non-gated, 123 gated, session 26)
+    ptx = c.asm["ptx"]
+    return {"shared": c.metadata.shared, **nums, "barriers": ptx.count("bar.sync"), "shuffles": ptx.count("shfl.sync")}
 
 
 def _compile_job(job: tuple) -> dict:
@@ -321,15 +324,15 @@ def main(argv=None) -> int:
         launch["fits"] = any(fits(c) for c in launch["configs"])
         report.append(launch)
     lines = [f"Limit: {HOPPER_SHARED_LIMIT:,} B of shared memory per block (sm_{a.cc}); Triton {triton.__version__}.",
-             "", "| kernel | dtypes | d | n_h | blocks, flags | config | shared (B) | fits | regs | spill st/ld (B) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "", "| kernel | dtypes | d | n_h | blocks, flags | config | shared (B) | fits | regs | spill st/ld (B) "
+             "| bar.sync / shfl (PTX) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, dts, d, n, blocks, cfg, r in rows:
         if "error" in r:
-            lines.append(f"| {name} | {dts} | {d} | {n} | {blocks} | {cfg} | – | compile error: {r['error']} | | |")
+            lines.append(f"| {name} | {dts} | {d} | {n} | {blocks} | {cfg} | – | compile error: {r['error']} | | | |")
             continue
         lines.append(f"| {name} | {dts} | {d} | {n} | {blocks} | {cfg} | {r['shared']:,} | "
                      f"{'yes' if fits(r) else '**no**'} | {r['regs']} "
-                     f"| {r['spill_st']:,}/{r['spill_ld']:,} |")
+                     f"| {r['spill_st']:,}/{r['spill_ld']:,} | {r.get('barriers', '–')} / {r.get('shuffles', '–')} |")
     table = "\n".join(lines)
     if a.out:
         a.out.write_text(table + "\n")
