@@ -45,13 +45,16 @@ bench, stage_inputs = _bk.bench, _bk.stage_inputs
 
 # term -> [(text in chunk_bwd.py, replacement)]; the replacement keeps the kernel valid Python and its shapes
 SUBS = {
-    "gam": [("        b_dgam += tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), 1)\n", "")],
+    # each replacement also takes out the reductions of what it zeroes: Triton does not fold tl.sum of a constant
+    # tensor (a cross-warp reduction, barriers included, runs on zeros), so "-R" replacing R alone kept its two sums
+    "gam": [("        b_dgam += tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), 1)\n", ""),
+            ("b_dgs = tl.sum(b_dgam, 0)", "b_dgs = 0.0")],
     "dgq0": [("        b_dGq0 = scale * b_eGq * tl.sum(b_q.to(tl.float32) * b_dqS, 1)\n", "        pass\n")],
-    "kdk": [("b_kdk = tl.sum(b_dk * b_k.to(tl.float32), 1) * b_ed", "b_kdk = b_ed")],
+    "kdk": [("b_kdk = tl.sum(b_dk * b_k.to(tl.float32), 1) * b_ed", "b_kdk = b_ed"),
+            ("tl.sum(b_kdk, 0) + b_dgs", "b_dgs")],
     "M": [("        b_M = b_dA * b_KK * b_b[:, None]\n        b_Ms1 = tl.sum(b_M, 1)\n        b_Ms0 = tl.sum(b_M, 0)\n",
            "        pass\n")],
-    "R": [("b_R = b_D * tl.dot(b_q, tl.trans(b_k), input_precision=PREC)",
-           "b_R = tl.zeros([BT, BL], dtype=tl.float32)")],
+    "R": [("        b_dG -= tl.sum(b_R, 0)\n", ""), ("b_dGq = b_dGq0 + tl.sum(b_R, 1)", "b_dGq = b_dGq0")],
     "cumsum": [("b_dgi = tl.cumsum(b_dG, 0, reverse=True)", "b_dgi = b_dG")],
     # the [BT, BL] masked sum that moves dGq from tokens to their read-out steps (dGq stays live: a scalar sum)
     "scatter": [("b_dG += tl.sum(tl.where((o_t * NH + NH - 1)[:, None] == o_l[None, :], b_dGq[:, None], 0), 0)",
