@@ -8,11 +8,14 @@ OUT=${OUT:-$(pwd)/out}
 mkdir -p "$OUT"
 echo "kernels_sha $(python3 benchmarks/gpu_check.py --kernels-sha)"
 # dg-pass.patch's chunk_bwd.py (the gate gradient's D and M reductions in their own kernel) as one more variant
+# and dg-lean.patch's (fewer cross-warp reductions: G_L loaded, two row sums in one, q . dq for 16-bit inputs)
 EXTRA=()
-if git apply benchmarks/pending/dg-pass.patch; then
-  cp kernels/delta_product/chunk_bwd.py "$OUT/dgpass_chunk_bwd.py" && EXTRA=(--extra "dg-pass=$OUT/dgpass_chunk_bwd.py")
-  git apply -R benchmarks/pending/dg-pass.patch
-else echo "dg-pass.patch does not apply"; fi
+for P in dg-pass dg-lean; do
+  if git apply "benchmarks/pending/$P.patch"; then
+    cp kernels/delta_product/chunk_bwd.py "$OUT/${P}_chunk_bwd.py" && EXTRA+=(--extra "$P=$OUT/${P}_chunk_bwd.py")
+    git apply -R "benchmarks/pending/$P.patch"
+  else echo "$P.patch does not apply"; fi
+done
 timeout "${DIAG_S:-300}" python3 benchmarks/dqkwg_diag.py --out "$OUT" --ns "${DIAG_NS:-2,3,1}" --jobs 14 "${EXTRA[@]}" \
   2>&1 | tail -n 52
 echo "dqkwg_diag rc ${PIPESTATUS[0]}"
