@@ -1,0 +1,47 @@
+"""The gated per-chunk gradient diagnostics (benchmarks/dqkwg_diag.py, dqkwg_spills.py) stay in step with the kernel.
+
+Their variants are built by text substitution in kernels/delta_product/chunk_bwd.py; a kernel edit that moves one of
+those lines would make the GPU call fail after minutes of compiling (or, worse, time the wrong thing). These checks
+run on the CPU in a second: every substitution matches exactly once, every variant is valid Python, and the pending
+patches the device call times as extra variants still apply to main.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+import dqkwg_spills  # noqa: E402  (reads dqkwg_diag's tables from its source: no torch import)
+
+
+def test_every_substitution_matches_chunk_bwd_once():
+    subs, _ = dqkwg_spills.diag_tables()
+    src = open(dqkwg_spills.KFILE).read()
+    for term, pairs in subs.items():
+        for old, _new in pairs:
+            assert src.count(old) == 1, f"dqkwg_diag term {term!r}: {old.strip()!r} found {src.count(old)} times"
+
+
+def test_every_variant_is_valid_python_and_changes_the_kernel():
+    subs, variants = dqkwg_spills.diag_tables()
+    src = open(dqkwg_spills.KFILE).read()
+    for name, terms in variants.items():
+        out = dqkwg_spills.variant_source(name, src, subs, variants, {})
+        compile(out, f"<{name}>", "exec")
+        assert (out == src) == (not terms), name  # "gated" / "plain" are main's; every other variant differs
+    assert set(variants["-all"]) <= set(subs)
+
+
+@pytest.mark.skipif(shutil.which("git") is None or not os.path.isdir(os.path.join(ROOT, ".git")),
+                    reason="needs a git checkout")
+@pytest.mark.parametrize("patch", ["dg-pass.patch", "dg-lean.patch"])
+def test_pending_diag_patches_apply_to_main(patch):
+    r = subprocess.run(["git", "apply", "--check", os.path.join("benchmarks", "pending", patch)], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
