@@ -16,7 +16,10 @@ for P in dg-pass dg-lean; do
     git apply -R "benchmarks/pending/$P.patch"
   else echo "$P.patch does not apply"; fi
 done
+VARIANTS=()
+[ -n "${DIAG_VARIANTS:-}" ] && VARIANTS=(--variants "$DIAG_VARIANTS")   # e.g. gated,plain,-all (default: every one)
 timeout "${DIAG_S:-300}" python3 benchmarks/dqkwg_diag.py --out "$OUT" --ns "${DIAG_NS:-2,3,1}" --jobs 14 "${EXTRA[@]}" \
+  "${VARIANTS[@]}" \
   2>&1 | tail -n 52
 echo "dqkwg_diag rc ${PIPESTATUS[0]}"
 [ -n "${SKIP_NCU:-}" ] && exit 0
