@@ -20,22 +20,14 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import dqkwg_spills  # noqa: E402  (reads dqkwg_diag's tables from its source: no torch import)
 
 
-def test_every_substitution_matches_chunk_bwd_once():
-    subs, _ = dqkwg_spills.diag_tables()
-    src = open(dqkwg_spills.KFILE).read()
-    for term, pairs in subs.items():
-        for old, _new in pairs:
-            assert src.count(old) == 1, f"dqkwg_diag term {term!r}: {old.strip()!r} found {src.count(old)} times"
-
-
-def test_every_variant_is_valid_python_and_changes_the_kernel():
+def test_every_variant_builds_is_valid_python_and_changes_the_kernel():
+    # variant_source itself refuses (SystemExit) a substitution that does not match chunk_bwd.py exactly once
     subs, variants = dqkwg_spills.diag_tables()
     src = open(dqkwg_spills.KFILE).read()
     for name, terms in variants.items():
         out = dqkwg_spills.variant_source(name, src, subs, variants, {})
         compile(out, f"<{name}>", "exec")
         assert (out == src) == (not terms), name  # "gated" / "plain" are main's; every other variant differs
-    assert set(variants["-all"]) <= set(subs)
 
 
 @pytest.mark.skipif(shutil.which("git") is None or not os.path.isdir(os.path.join(ROOT, ".git")),
