@@ -47,6 +47,7 @@ FLA_FACTOR = 2.0
 SHORT = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 NAMES = ("o", "ht", "dq", "dk", "dv", "dbeta", "dg", "dh0")
 from gpu_check_fused import DELTA_FAMILIES, fused_case, run_fused_case  # noqa: E402  (benchmarks/ is on sys.path)
+from gpu_check_schedule import est_gib, schedule  # noqa: E402
 
 
 # ----------------------------------------------------------------------------------------------- the case list
@@ -306,7 +307,11 @@ def run_case(c) -> dict:
     _sync()
     row["kernel_s"] = round(time.time() - t0, 2)  # first call: includes compile and autotuning
     ref_fn = lambda q, k, v, g, b, n, **kw: torch_chunk_gated_delta_product(q, k, v, g, b, num_householder=n, **kw)
+    t1 = time.time()
     ref = _run_chunk(c, ref_fn, rounded, torch.float64, do.double(), dht.double())
+    _sync()
+    row["phase_s"] = {"reference": round(time.time() - t1, 2)}  # where a case's time goes (with kernel_s, import)
+    t1 = time.time()
     row["errors"] = {nm: _rel(out[nm], ref[nm]) for nm in NAMES if ref.get(nm) is not None}
     missing = [nm for nm in NAMES if (ref.get(nm) is None) != (out.get(nm) is None)]
     if missing:
@@ -318,6 +323,9 @@ def run_case(c) -> dict:
         for nm in ("o", "ht"):
             if ref.get(nm) is not None:
                 row["errors"][f"{nm}(no_grad)"] = _rel(ng[nm], ref[nm]) if ng.get(nm) is not None else float("inf")
+    _sync()
+    row["phase_s"]["no_grad"] = round(time.time() - t1, 2)  # its first call: chunk_super's and o_tok's autotuning
+    t1 = time.time()
     if c["fla"] and c.get("with_fla"):
         try:
             from fla.ops.gated_delta_product import chunk_gated_delta_product as fla_fn
@@ -336,7 +344,14 @@ def run_case(c) -> dict:
         for nm in ("o", "ht"):
             if r2.get(nm) is not None:
                 row["errors"][f"{nm}@{T2}"] = _rel(o2[nm], r2[nm])
+    row["phase_s"]["fla_evals"] = round(time.time() - t1, 2)
     return row
+
+
+def _peak_gib():
+    """The caching allocator's peak reservation in this process (GiB; the CUDA context comes on top), or None."""
+    import torch
+    return round(torch.cuda.max_memory_reserved() / 2 ** 30, 2) if torch.cuda.is_available() else None
 
 
 def _sync():
@@ -384,10 +399,14 @@ def worker(spec: str) -> int:
     # dpx's autotuners are built (at import) without on-disk autotune results, so each case runs every config at
     # its own shape, as a user's first call does; fla's, built after, share results between the cases of this run
     # (fla is the error anchor, and its autotuning takes minutes)
+    t0 = time.time()
     import dpx.kernels.delta_product.chunk, dpx.kernels.delta_product.fused_recurrent  # noqa: E401,F401
     os.environ["TRITON_CACHE_AUTOTUNING"] = "1"
     try:
+        import_s = time.time() - t0
         row = run_case(c)
+        row.setdefault("phase_s", {})["import"] = round(import_s, 2)
+        row["gpu_peak_gib"] = _peak_gib()
         try:
             row["configs"] = best_configs()
         except Exception:  # noqa: BLE001
@@ -455,8 +474,10 @@ def _pick_gpu() -> dict:
     return {"CUDA_VISIBLE_DEVICES": g}
 
 
-def check_one(c, timeout=200) -> dict:
-    gpu = _pick_gpu()
+def check_one(c, timeout=200, gpu=None) -> dict:
+    """One case in its own process, and where it dies, the reruns that locate the fault. gpu: the GPU id of
+    --gpus it runs on (the schedule's pick); None: the next of --gpus in turn."""
+    gpu = _pick_gpu() if gpu is None else {"CUDA_VISIBLE_DEVICES": gpu}
     spawn = lambda c_, extra=None, **kw: _spawn(c_, {**gpu, **(extra or {})}, **kw)  # noqa: E731
     res = spawn(c, timeout=timeout)
     row = dict(c, wall_s=res["wall_s"])
@@ -467,9 +488,9 @@ def check_one(c, timeout=200) -> dict:
         row["status"], row["bad"] = judge(c, res["row"])
         return row
     err = res["error"]
-    row["status"], row["error"] = ("timeout" if res["rc"] == -9 else "fault" if "illegal" in err.lower() or
-                                   "cuda error" in err.lower() else "error"), err
-    if row["status"] == "timeout":
+    row["status"], row["error"] = ("timeout" if res["rc"] == -9 else "oom" if "out of memory" in err.lower() else
+                                   "fault" if "illegal" in err.lower() or "cuda error" in err.lower() else "error"), err
+    if row["status"] in ("timeout", "oom"):  # oom: the driver runs it again alone at the end
         return row
     # locate: blocking launches name the kernel; then each of its autotune configs alone
     loc = spawn(c, {"CUDA_LAUNCH_BLOCKING": "1", "DPX_KERNEL_SYNC": "1"})
@@ -491,24 +512,22 @@ def check_one(c, timeout=200) -> dict:
     return row
 
 
-GIB_PER_JOB = 8.5  # the largest cases (16 x 32768 evals, 512 x 33 with fp32 references) peak near 8 GiB each
+MEM_USE = 0.9  # of each GPU's memory, for the cases' estimates (gpu_check_schedule.est_gib) together
 
 
-def jobs_for_memory(jobs: int, gpus: list[str]) -> int:
-    """--jobs capped so that the cases' peaks fit the GPUs' memory: 16 jobs fit an H200 (141 GB) but ran an H100 (80
-    GB) out of memory in session 22 (20 OOM errors, 3 of them read as faults). nvidia-smi, not torch, so this
-    process holds no CUDA context; where it cannot be asked, --jobs stands."""
+def gpu_memory_gib(gpus: list[str]) -> dict | None:
+    """{gpu id: GiB the cases may use} from nvidia-smi (not torch, so this process holds no CUDA context); None
+    where it cannot be asked (no memory limit then: --jobs alone bounds the pool)."""
+    ids = gpus or ["0"]
     try:
-        q = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"]
-                           + (["-i", ",".join(gpus)] if gpus else ["-i", "0"]),
-                           capture_output=True, text=True, timeout=30, check=True).stdout.split()
-        cap = sum(max(1, int(float(m) / 1024 / GIB_PER_JOB)) for m in q)
+        q = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i",
+                            ",".join(ids)], capture_output=True, text=True, timeout=30, check=True).stdout.split()
+        gib = [float(m) / 1024 * MEM_USE for m in q]
     except (OSError, subprocess.SubprocessError, ValueError):
-        return jobs
-    if cap < jobs:
-        print(f"--jobs {jobs} capped to {cap}: {' + '.join(q)} MiB of GPU memory at {GIB_PER_JOB} GiB a case",
-              flush=True)
-    return max(1, min(jobs, cap))
+        return None
+    if len(gib) != len(ids):
+        return None
+    return {(g if gpus else None): round(m, 1) for g, m in zip(ids, gib)}
 
 
 def main():
@@ -574,10 +593,13 @@ def main():
     def over() -> bool:
         return bool(a.budget_s) and time.time() - t0 > a.budget_s
 
-    def one(c):
-        if over():
+    def one(c, gpu=None, alone=False):
+        if over() and not alone:
             return dict(c, status="not_run", error=f"budget of {a.budget_s:g} s spent")
-        return check_one(c, timeout=a.case_timeout_s)
+        row = check_one(c, timeout=a.case_timeout_s, gpu=gpu)
+        row["mem_est_gib"] = est_gib(c)
+        return row
+    cases_by_id = {c["id"]: c for c in cases}
 
     def anchor(row):  # phase 2: the same case again with fla beside it, judged against fla's error too
         if over():
@@ -621,10 +643,20 @@ def main():
               f"{'  blocking rerun: ' + str(row.get('blocking_rerun'))[:80] if 'blocking_rerun' in row else ''}",
               flush=True)
 
-    # phase 1, every case, dpx alone: fla's first-call autotuning (minutes, many kernels) must not hold the pool
-    with ThreadPoolExecutor(jobs_for_memory(a.jobs, _GPUS)) as pool:
-        for fut in as_completed([pool.submit(one, c) for c in cases if c["id"] not in kept]):
-            report(fut.result(), len(cases))
+    # phase 1, every case, dpx alone (fla's first-call autotuning, minutes and many kernels, must not hold the
+    # pool): one case of each compile group first, the cases packed by their memory estimates (gpu_check_schedule)
+    mem = gpu_memory_gib(_GPUS)
+    if mem:
+        print(f"GPU memory for the cases: {mem} GiB; {a.jobs} jobs at most", flush=True)
+    for row in schedule([c for c in cases if c["id"] not in kept], a.jobs, one, mem):
+        report(row, len(cases))
+    # a case that ran out of GPU memory beside others (an estimate too low) runs again alone, once
+    ooms = [r for r in rows if r["status"] == "oom"]
+    for r in ooms:
+        rows.remove(r)
+        again = one(cases_by_id[r["id"]], next(iter(mem)) if mem else None, alone=True)
+        again["oom_rerun"] = r.get("error", "")[:200]
+        report(again, len(cases))
     # phase 2, the fla anchor (16-bit rows fla runs), on a small pool with a longer limit, if the budget allows
     if not a.no_fla:
         todo = [r for r in rows if r["fla"] and r["status"] == "pass" and not r.get("fla_errors")
@@ -650,7 +682,12 @@ def main():
                "fail": sum(r["status"] == "fail" for r in rows), "fault": sum(r["status"] == "fault" for r in rows),
                "error": sum(r["status"] == "error" for r in rows),
                "not_run": sum(r["status"] == "not_run" for r in rows),
-               "timeout": sum(r["status"] == "timeout" for r in rows), "wall_s": round(time.time() - t0, 1),
+               "timeout": sum(r["status"] == "timeout" for r in rows),
+               "oom": sum(r["status"] == "oom" for r in rows), "wall_s": round(time.time() - t0, 1),
+               "jobs": a.jobs, "gpu_memory_gib": mem,
+               # the rows whose measured peak (plus the context) came near their estimate: raise BYTES_PER_ELT
+               "mem_estimate_low": [r["id"] for r in rows if (r.get("gpu_peak_gib") or 0) + 0.8 > r.get(
+                   "mem_est_gib", 1e9)],
                "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
                "torch": torch.__version__, "triton": triton.__version__, "tolerances": TOL, "fla_factor": FLA_FACTOR,
                "commit": _git("rev-parse", "--short", "HEAD"), "dirty": bool(_git("status", "--porcelain")),
@@ -689,11 +726,12 @@ def _env_key(env) -> str:
 
 
 def load_finished(path) -> dict:
-    """{case id: row} of an earlier run's finished rows (every status but not_run); the last line of an id wins."""
+    """{case id: row} of an earlier run's finished rows (every status but not_run and oom); the last line of an id
+    wins."""
     text = Path(path).read_text()
     rows = json.loads(text)["rows"] if text.lstrip().startswith("{\"summary\"") or path.endswith(".json") else \
         [json.loads(ln) for ln in text.splitlines() if ln.strip()]
-    return {r["id"]: r for r in rows if r.get("status") not in (None, "not_run")}
+    return {r["id"]: r for r in rows if r.get("status") not in (None, "not_run", "oom")}
 
 
 def kernels_sha() -> str:

@@ -183,17 +183,30 @@ def test_the_kernels_on_main_passed_a_committed_acceptance_check():
                          + "; ".join(seen))
 
 
-@pytest.mark.parametrize("mib, jobs, want", [("81559", 16, 9), ("143771", 16, 16), ("81559\n81559", 16, 16),
-                                             ("81559", 4, 4)])
-def test_jobs_are_capped_by_gpu_memory(tmp_path, monkeypatch, mib, jobs, want):
-    # 16 jobs ran an H100 out of memory in session 22: the pool is sized by what nvidia-smi reports
+@pytest.mark.parametrize("mib, gpus, want", [("81559", [], {None: 71.7}), ("143771", [], {None: 126.4}),
+                                             ("81559\n81559", ["0", "1"], {"0": 71.7, "1": 71.7})])
+def test_gpu_memory_comes_from_nvidia_smi(tmp_path, monkeypatch, mib, gpus, want):
+    # 16 jobs of 8.5 GiB ran an H100 out of memory in session 22: the schedule packs the cases' estimates into
+    # what nvidia-smi reports
     smi = tmp_path / "nvidia-smi"
     smi.write_text(f"#!/bin/sh\nprintf '{mib}\\n'\n")
     smi.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    assert gpu_check.jobs_for_memory(jobs, ["0", "1"] if "\n" in mib else []) == want
+    assert gpu_check.gpu_memory_gib(gpus) == want
 
 
-def test_jobs_stand_without_nvidia_smi(tmp_path, monkeypatch):
+def test_no_memory_limit_without_nvidia_smi(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
-    assert gpu_check.jobs_for_memory(16, []) == 16
+    assert gpu_check.gpu_memory_gib([]) is None
+
+
+def test_memory_estimates_order_the_real_cases():
+    # the largest recipe shapes get the cap, the 2 x 300 matrix cases about a context, and an H100's 71 GiB holds
+    # 16 small cases at once but not 9 of the largest
+    from gpu_check_schedule import GIB_PER_JOB, est_gib
+    cases = {c["id"]: c for c in gpu_check.matrix_cases() + gpu_check.recipe_cases()[0]}
+    est = {i: est_gib(c) for i, c in cases.items()}
+    assert max(est.values()) == GIB_PER_JOB
+    assert est["chunk bf16 n2 K64V64 H2 2x300 g=none b<2 h0+ht [matrix]"] < 1.1
+    small = sorted(est.values())[:16]
+    assert sum(small) < 71.7 < 9 * GIB_PER_JOB

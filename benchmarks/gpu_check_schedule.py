@@ -1,0 +1,115 @@
+"""The order and packing of the GPU acceptance check's cases (benchmarks/gpu_check.py): which case starts when.
+
+The check is bound by the CPU, not the GPU: each case is a fresh process that compiles and autotunes every config
+of every kernel it runs, and 16 such processes saturate the 16 cores of the device machine (session 18's H200 run
+at 16 jobs summed twice the per-case wall time of session 23's H100 run at 9 jobs, for the same throughput). Two
+things waste that CPU, and this module removes both:
+
+- Compiling the same kernels twice. Cases that share a compile group (kind, dtype, n_h, head dims, gated or not:
+  the same constexprs and dtypes, so the same binaries) compiled them side by side when they started together
+  (session 23: four recipe cases of bf16 n_h 2 head dim 64 without a gate, 19-36 s of first-call time each). Here
+  the first case of each group runs before the others of that group, which then read Triton's on-disk cache.
+- An idle pool. A fixed job count sized for the largest case (8.5 GiB) ran an H100 at 9 jobs, while most cases
+  need about 1 GiB. Here each case has a memory estimate and starts while the estimates of the running cases plus
+  its own fit the GPU, so small cases pack to --jobs and large ones do not run the GPU out of memory together.
+
+No torch here: the schedule is tested on the CPU with a stand-in for a case's process.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+
+CTX_GIB = 1.0         # a case process's CUDA context, Triton's loaded modules and the caching allocator's slack
+BYTES_PER_ELT = 128   # float64 reference + the kernels' tensors, per element of the largest [*, 64-step chunk, d]
+GIB_PER_JOB = 8.5     # the observed peak of the largest cases (16 x 32768 evals, 512 x 33, session 22): the cap
+
+
+def est_gib(c: dict) -> float:
+    """A case's GPU memory peak, estimated from its largest tensor family. Chunk cases: the reference's intra-chunk
+    matrices [B, H, chunks, 64, 64] and states [B, H, chunks, K, V] outgrow the [B, T*n, H, d] inputs at small
+    head dims, so a step row counts at least 64 wide, and the steps are padded to whole 64-step chunks."""
+    if c["kind"] == "fused":
+        m = c.get("model") or {}
+        elts = c["B"] * c["T"] * max(m.get("hidden_size") or 0, (c.get("H") or 0) * max(c.get("K") or 0, 1), 1) * 2
+    elif c["kind"] == "decode":
+        elts = c["B"] * c["H"] * c["K"] * c["V"] * 4
+    else:
+        def chunked(B, T):
+            return B * c["H"] * -(-T * c["n"] // 64) * 64 * max(c["K"], c["V"], 64)
+        elts = max([chunked(c["B"], c["T"])] + [chunked(b, t) for b, t in c.get("evals") or []])
+    return round(min(GIB_PER_JOB, CTX_GIB + elts * BYTES_PER_ELT / 2 ** 30), 2)
+
+
+def compile_group(c: dict) -> tuple:
+    """Cases with the same key run the same kernel binaries (Triton specializes on constexprs and dtypes; the
+    batch, length, H and the states only change grids and runtime arguments)."""
+    if c["kind"] == "fused":
+        return ("fused", c["dtype"], tuple(sorted((c.get("model") or {}).items())))
+    return (c["kind"], c["dtype"], c["n"], c["K"], c["V"], c.get("gate") == "none")
+
+
+def schedule(cases: list[dict], jobs: int, run, capacity_gib: dict | None = None, est=est_gib, group=compile_group):
+    """Yield run(c, gpu) for every case, on `jobs` threads, as each finishes (gpu: a key of capacity_gib, or None).
+
+    Order: the first case of each compile group, in the order given; then the others, each once its group's first
+    has finished. Memory: a case starts on the GPU with the most room when its estimate fits there beside the
+    running cases' (capacity_gib: GiB per GPU; None: no limit); the first case that can start waits for room and
+    the cases behind it do not overtake it, so a large case is not starved by small ones; a case larger than a
+    whole GPU runs on an idle one. An exception in run is the caller's bug: it ends the schedule."""
+    first = {}
+    for c in cases:
+        first.setdefault(group(c), c["id"])
+    lead = [c for c in cases if first[group(c)] == c["id"]]
+    pending = lead + [c for c in cases if first[group(c)] != c["id"]]
+    caps = dict(capacity_gib) if capacity_gib else {None: float("inf")}
+    used = {g: 0.0 for g in caps}
+    done_groups: set = set()
+    cv = threading.Condition()
+    out: queue.Queue = queue.Queue()
+
+    def take():
+        with cv:
+            while pending:
+                c = next((c for c in pending if first[group(c)] == c["id"] or group(c) in done_groups), None)
+                if c is not None:
+                    need = est(c) if capacity_gib else 0.0
+                    g = min(caps, key=lambda g: used[g] - caps[g])  # the most room
+                    if used[g] + need <= caps[g] or used[g] == 0:
+                        pending.remove(c)
+                        used[g] += need
+                        return c, g, need
+                cv.wait()
+            return None
+
+    def worker():
+        try:
+            while (t := take()) is not None:
+                c, g, need = t
+                try:
+                    out.put(("row", run(c, g)))
+                finally:
+                    with cv:
+                        used[g] -= need
+                        done_groups.add(group(c))
+                        cv.notify_all()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            out.put(("raise", e))
+            with cv:
+                pending.clear()
+                cv.notify_all()
+        finally:
+            out.put(("end", None))
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(max(1, jobs))]
+    for t in threads:
+        t.start()
+    ended = 0
+    while ended < len(threads):
+        kind, x = out.get()
+        if kind == "row":
+            yield x
+        elif kind == "raise":
+            raise x
+        else:
+            ended += 1
