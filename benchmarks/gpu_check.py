@@ -515,6 +515,18 @@ def check_one(c, timeout=200, gpu=None) -> dict:
 MEM_USE = 0.9  # of each GPU's memory, for the cases' estimates (gpu_check_schedule.est_gib) together
 
 
+def known_peaks() -> dict:
+    """{case id: GiB} the largest peak GPU memory any committed check row recorded (gpu_peak_gib, since session
+    27): the schedule's memory estimates for the cases seen before."""
+    peaks: dict = {}
+    for f in sorted((ROOT / "benchmarks" / "results").glob("gpu_check*_rows.jsonl")):
+        for ln in f.read_text().splitlines():
+            r = json.loads(ln) if ln.strip() else {}
+            if r.get("gpu_peak_gib") is not None:
+                peaks[r["id"]] = max(peaks.get(r["id"], 0.0), r["gpu_peak_gib"])
+    return peaks
+
+
 def gpu_memory_gib(gpus: list[str]) -> dict | None:
     """{gpu id: GiB the cases may use} from nvidia-smi (not torch, so this process holds no CUDA context); None
     where it cannot be asked (no memory limit then: --jobs alone bounds the pool)."""
@@ -597,9 +609,9 @@ def main():
         if over() and not alone:
             return dict(c, status="not_run", error=f"budget of {a.budget_s:g} s spent")
         row = check_one(c, timeout=a.case_timeout_s, gpu=gpu)
-        row["mem_est_gib"] = est_gib(c)
+        row["mem_est_gib"] = est_gib(c, peaks)
         return row
-    cases_by_id = {c["id"]: c for c in cases}
+    cases_by_id, peaks = {c["id"]: c for c in cases}, {}
 
     def anchor(row):  # phase 2: the same case again with fla beside it, judged against fla's error too
         if over():
@@ -648,7 +660,9 @@ def main():
     mem = gpu_memory_gib(_GPUS)
     if mem:
         print(f"GPU memory for the cases: {mem} GiB; {a.jobs} jobs at most", flush=True)
-    for row in schedule([c for c in cases if c["id"] not in kept], a.jobs, one, mem):
+    peaks.update(known_peaks())
+    for row in schedule([c for c in cases if c["id"] not in kept], a.jobs, one, mem,
+                        est=lambda c: est_gib(c, peaks)):
         report(row, len(cases))
     # a case that ran out of GPU memory beside others (an estimate too low) runs again alone, once
     ooms = [r for r in rows if r["status"] == "oom"]
@@ -686,7 +700,7 @@ def main():
                "oom": sum(r["status"] == "oom" for r in rows), "wall_s": round(time.time() - t0, 1),
                "jobs": a.jobs, "gpu_memory_gib": mem,
                # the rows whose measured peak (plus the context) came near their estimate: raise BYTES_PER_ELT
-               "mem_estimate_low": [r["id"] for r in rows if (r.get("gpu_peak_gib") or 0) + 0.8 > r.get(
+               "mem_estimate_low": [r["id"] for r in rows if (r.get("gpu_peak_gib") or 0) + 0.5 > r.get(
                    "mem_est_gib", 1e9)],
                "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
                "torch": torch.__version__, "triton": triton.__version__, "tolerances": TOL, "fla_factor": FLA_FACTOR,

@@ -9,9 +9,10 @@ things waste that CPU, and this module removes both:
   the same constexprs and dtypes, so the same binaries) compiled them side by side when they started together
   (session 23: four recipe cases of bf16 n_h 2 head dim 64 without a gate, 19-36 s of first-call time each). Here
   the first case of each group runs before the others of that group, which then read Triton's on-disk cache.
-- An idle pool. A fixed job count sized for the largest case (8.5 GiB) ran an H100 at 9 jobs, while most cases
-  need about 1 GiB. Here each case has a memory estimate and starts while the estimates of the running cases plus
-  its own fit the GPU, so small cases pack to --jobs and large ones do not run the GPU out of memory together.
+- Memory. A fixed job count sized for a largest case of 8.5 GiB ran an H100 at 9 jobs, while most cases need
+  about 0.6 GiB and the largest need 24 (session 27 measured every case's peak: 9 of the largest together would
+  not have fit an H200 either). Here each case has a memory estimate (its measured peak where an earlier run
+  recorded one) and starts while the estimates of the running cases plus its own fit the GPU.
 
 No torch here: the schedule is tested on the CPU with a stand-in for a case's process.
 """
@@ -20,25 +21,31 @@ from __future__ import annotations
 import queue
 import threading
 
-CTX_GIB = 1.0         # a case process's CUDA context, Triton's loaded modules and the caching allocator's slack
-BYTES_PER_ELT = 128   # float64 reference + the kernels' tensors, per element of the largest [*, 64-step chunk, d]
-GIB_PER_JOB = 8.5     # the observed peak of the largest cases (16 x 32768 evals, 512 x 33, session 22): the cap
+CTX_GIB = 0.8          # a case process's CUDA context and Triton's loaded modules (outside torch's allocator)
+MEASURED_MARGIN = 1.15  # on a peak measured in an earlier run (the allocator's reservation varies a little)
 
 
-def est_gib(c: dict) -> float:
-    """A case's GPU memory peak, estimated from its largest tensor family. Chunk cases: the reference's intra-chunk
-    matrices [B, H, chunks, 64, 64] and states [B, H, chunks, K, V] outgrow the [B, T*n, H, d] inputs at small
-    head dims, so a step row counts at least 64 wide, and the steps are padded to whole 64-step chunks."""
+def est_gib(c: dict, peaks: dict | None = None) -> float:
+    """A case's GPU memory (GiB): its measured peak from an earlier run (`peaks`: {case id: the allocator's peak
+    reservation, gpu_check rows' gpu_peak_gib}) with a margin, else an estimate from its shape, fitted to session
+    27's H100 peaks (0.3-23.7 GiB) and above all of them:
+    - training (forward + backward, float64 reference): 160 B per element of [B, H, 64-step chunks, max(d, 64)]
+      (the reference's intra-chunk [64, 64] matrices outgrow the [B, T*n, H, d] tensors at small head dims:
+      512 x 33 at n_h 2, d 32 peaked at 7.0 GiB);
+    - an evaluation forward at length T: 250 B x n_h per element of [B, T, H, d] (16 x 16384 at n_h 1, d 64: 23.7);
+    - the fused glue ops: 300 B per element of [B, T, 2 max(hidden, H d)] (32 x 1024 at d 512: 5.5)."""
+    if peaks and peaks.get(c["id"]) is not None:
+        return round(CTX_GIB + MEASURED_MARGIN * peaks[c["id"]], 2)
     if c["kind"] == "fused":
         m = c.get("model") or {}
-        elts = c["B"] * c["T"] * max(m.get("hidden_size") or 0, (c.get("H") or 0) * max(c.get("K") or 0, 1), 1) * 2
+        nbytes = c["B"] * c["T"] * 2 * max(m.get("hidden_size") or 0, (c.get("H") or 0) * (c.get("K") or 0), 1) * 300
     elif c["kind"] == "decode":
-        elts = c["B"] * c["H"] * c["K"] * c["V"] * 4
+        nbytes = c["B"] * c["H"] * c["K"] * c["V"] * 4 * 8
     else:
-        def chunked(B, T):
-            return B * c["H"] * -(-T * c["n"] // 64) * 64 * max(c["K"], c["V"], 64)
-        elts = max([chunked(c["B"], c["T"])] + [chunked(b, t) for b, t in c.get("evals") or []])
-    return round(min(GIB_PER_JOB, CTX_GIB + elts * BYTES_PER_ELT / 2 ** 30), 2)
+        d = max(c["K"], c["V"])
+        nbytes = max([c["B"] * c["H"] * -(-c["T"] * c["n"] // 64) * 64 * max(d, 64) * 160]
+                     + [b * t * c["H"] * d * 250 * c["n"] for b, t in c.get("evals") or []])
+    return round(CTX_GIB + nbytes / 2 ** 30, 2)
 
 
 def compile_group(c: dict) -> tuple:
