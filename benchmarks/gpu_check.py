@@ -47,7 +47,7 @@ FLA_FACTOR = 2.0
 SHORT = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 NAMES = ("o", "ht", "dq", "dk", "dv", "dbeta", "dg", "dh0")
 from gpu_check_fused import DELTA_FAMILIES, fused_case, run_fused_case  # noqa: E402  (benchmarks/ is on sys.path)
-from gpu_check_schedule import est_gib, schedule  # noqa: E402
+from gpu_check_schedule import CTX_GIB, est_gib, schedule  # noqa: E402
 
 
 # ----------------------------------------------------------------------------------------------- the case list
@@ -699,9 +699,9 @@ def main():
                "timeout": sum(r["status"] == "timeout" for r in rows),
                "oom": sum(r["status"] == "oom" for r in rows), "wall_s": round(time.time() - t0, 1),
                "jobs": a.jobs, "gpu_memory_gib": mem,
-               # the rows whose measured peak (plus the context) came near their estimate: raise BYTES_PER_ELT
-               "mem_estimate_low": [r["id"] for r in rows if (r.get("gpu_peak_gib") or 0) + 0.5 > r.get(
-                   "mem_est_gib", 1e9)],
+               # the rows whose allocator peak passed their estimate less the context: est_gib's formula is low
+               "mem_estimate_low": [r["id"] for r in rows if (r.get("gpu_peak_gib") or 0) > r.get(
+                   "mem_est_gib", 1e9) - CTX_GIB],
                "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
                "torch": torch.__version__, "triton": triton.__version__, "tolerances": TOL, "fla_factor": FLA_FACTOR,
                "commit": _git("rev-parse", "--short", "HEAD"), "dirty": bool(_git("status", "--porcelain")),
