@@ -201,13 +201,14 @@ def test_no_memory_limit_without_nvidia_smi(tmp_path, monkeypatch):
 
 
 def test_memory_estimates_cover_the_measured_peaks():
-    # session 27's H100 run recorded every case's peak: the shape formula (for cases never measured) is above
-    # each peak of the larger cases, and a measured peak, where one is committed, is used with its margin
+    # session 27's H100 check recorded 193 cases' peaks: the shape formula (what a case never measured gets) leaves
+    # room for the context above every one, and a committed measured peak is used with its margin
     from gpu_check_schedule import CTX_GIB, est_gib
-    rows = [json.loads(ln) for ln in (ROOT / "benchmarks" / "results" / "gpu_check_s27_p1_rows.jsonl").open()]
-    big = [r for r in rows if (r.get("gpu_peak_gib") or 0) > 1.0]
-    assert len(big) > 20
-    assert all(est_gib(r) > r["gpu_peak_gib"] for r in big), [r["id"] for r in big if est_gib(r) <= r["gpu_peak_gib"]]
+    rows = [r for r in json.loads((ROOT / "benchmarks" / "results" / "gpu_check_s27.json").read_text())["rows"]
+            if r.get("gpu_peak_gib") is not None]
+    assert len(rows) > 150 and max(r["gpu_peak_gib"] for r in rows) > 20
+    low = [r["id"] for r in rows if r["gpu_peak_gib"] > est_gib(r) - CTX_GIB]
+    assert not low, low
     peaks = gpu_check.known_peaks()
-    r = max(big, key=lambda r: r["gpu_peak_gib"])
-    assert peaks[r["id"]] >= r["gpu_peak_gib"] > 20 and est_gib(r, peaks) > CTX_GIB + r["gpu_peak_gib"]
+    r = max(rows, key=lambda r: r["gpu_peak_gib"])
+    assert peaks[r["id"]] >= r["gpu_peak_gib"] and est_gib(r, peaks) > CTX_GIB + r["gpu_peak_gib"]
