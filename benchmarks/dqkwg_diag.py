@@ -72,13 +72,8 @@ def variant_module(name: str, tmp: str):
     """chunk_bwd with VARIANTS[name]'s terms taken out (or EXTRA[name]), as module dpx.kernels.delta_product._diag_<i>."""
     if name in ("gated", "plain"):
         return chunk_bwd
-    src = open(EXTRA.get(name, chunk_bwd.__file__)).read()
-    for term in VARIANTS.get(name, []):
-        for old, new in SUBS[term]:
-            if src.count(old) != 1:
-                raise SystemExit(f"dqkwg_diag: term {term!r}: {old.strip()!r} found {src.count(old)} times in "
-                                 f"{chunk_bwd.__file__} (the kernel changed: update SUBS)")
-            src = src.replace(old, new)
+    from dqkwg_spills import variant_source  # the one substitution loop (dqkwg_spills has no torch import)
+    src = variant_source(name, open(chunk_bwd.__file__).read(), SUBS, VARIANTS, EXTRA)
     mod_name = "_diag_" + "".join(c if c.isalnum() else "_" for c in name)
     path = os.path.join(tmp, mod_name + ".py")
     with open(path, "w") as f:

@@ -29,13 +29,17 @@ def diag_tables():
 
 
 def variant_source(name, src0, subs, variants, extra):
+    """chunk_bwd.py's source src0 with variants[name]'s terms taken out by subs (each old text must match exactly
+    once: a kernel edit that moves one fails loudly), or extra[name]'s whole file (dqkwg_diag.py builds its timed
+    modules with this too)."""
     if name in extra:
         return open(extra[name]).read()
     src = src0
-    for term in variants[name]:
+    for term in variants.get(name, []):
         for old, new in subs[term]:
             if src.count(old) != 1:
-                raise SystemExit(f"dqkwg_spills: term {term!r} matches {src.count(old)} times in {KFILE}")
+                raise SystemExit(f"term {term!r}: {old.strip()[:60]!r} matches {src.count(old)} times in {KFILE} (the "
+                                 "kernel changed: update dqkwg_diag.SUBS)")
             src = src.replace(old, new)
     return src
 

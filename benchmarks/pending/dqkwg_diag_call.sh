@@ -7,10 +7,9 @@ set -u
 OUT=${OUT:-$(pwd)/out}
 mkdir -p "$OUT"
 echo "kernels_sha $(python3 benchmarks/gpu_check.py --kernels-sha)"
-# dg-pass.patch's chunk_bwd.py (the gate gradient's D and M reductions in their own kernel) as one more variant
-# and dg-lean.patch's (fewer cross-warp reductions: G_L loaded, two row sums in one, q . dq for 16-bit inputs)
+# dg-lean.patch's chunk_bwd.py as one more variant (fewer cross-warp reductions: G_L loaded, two row sums in one, q . dq for 16-bit inputs)
 EXTRA=()
-for P in dg-pass dg-lean; do
+for P in dg-lean; do  # dg-pass (session 25) was 1.13-1.15x slower (session 27): in git history only
   if git apply "benchmarks/pending/$P.patch"; then
     cp kernels/delta_product/chunk_bwd.py "$OUT/${P}_chunk_bwd.py" && EXTRA+=(--extra "$P=$OUT/${P}_chunk_bwd.py")
     git apply -R "benchmarks/pending/$P.patch"
