@@ -106,16 +106,21 @@ def run(names, n, gated_shape, reps, timing):
     args = [x[a] for a in ("q", "k", "v", "beta", "G", "t", "h", "dh", "vn", "dvn", "do", "tab")]
     tmp = tempfile.mkdtemp(prefix="dqkwg_diag_")
     rows = {}
-    ref = chunk_bwd.chunk_dp_bwd_dqkwg(*args, x["sc"], True, x["p"])
+    refs = {g: chunk_bwd.chunk_dp_bwd_dqkwg(*args, x["sc"], g, x["p"]) for g in (True, False)}
     for name in names:
         mod = variant_module(name, tmp)
-        fn = lambda: mod.chunk_dp_bwd_dqkwg(*args, x["sc"], name != "plain", x["p"])
+        gated = not name.endswith("plain")  # "plain", and an --extra named "<x>-plain": the non-gated build
+        ref = refs[gated]
+        fn = lambda: mod.chunk_dp_bwd_dqkwg(*args, x["sc"], gated, x["p"])
         out = fn()
         torch.cuda.synchronize()
         # the non-gate gradients must not move (a variant that changed them would time other work)
         same = all(torch.equal(a, b) for a, b in zip(out[:4], ref[:4]))
         rows[name] = {"ms": bench(fn, warmup=10, rep=reps) if timing else None, "dq_dk_dv_dbeta_equal_main": same}
-        if name in EXTRA:  # a real rewrite computes the gate gradient too: how far from main's
+        if name in EXTRA and not same:  # another summation order (e.g. other tiles): how far, relative
+            rows[name]["dq_dk_dv_dbeta_rel_diff_main"] = max(
+                ((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in zip(out[:4], ref[:4]))
+        if name in EXTRA and gated:  # a real rewrite computes the gate gradient too: how far from main's
             fin = torch.isfinite(ref[4])  # the staged inputs are random, not a trained model's: some dg overflow
             rows[name]["dg_rel_diff_main"] = ((out[4] - ref[4])[fin].norm() / ref[4][fin].norm()).item()
             rows[name]["dg_same_nonfinite"] = bool(torch.equal(fin, torch.isfinite(out[4])))
