@@ -38,7 +38,6 @@ import sys
 import threading
 import time
 import zlib
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -401,9 +400,9 @@ def worker(spec: str) -> int:
     # (fla is the error anchor, and its autotuning takes minutes)
     t0 = time.time()
     import dpx.kernels.delta_product.chunk, dpx.kernels.delta_product.fused_recurrent  # noqa: E401,F401
+    import_s = time.time() - t0
     os.environ["TRITON_CACHE_AUTOTUNING"] = "1"
     try:
-        import_s = time.time() - t0
         row = run_case(c)
         row.setdefault("phase_s", {})["import"] = round(import_s, 2)
         row["gpu_peak_gib"] = _peak_gib()
@@ -611,7 +610,7 @@ def main():
         row = check_one(c, timeout=a.case_timeout_s, gpu=gpu)
         row["mem_est_gib"] = est_gib(c, peaks)
         return row
-    cases_by_id, peaks = {c["id"]: c for c in cases}, {}
+    cases_by_id, peaks = {c["id"]: c for c in cases}, known_peaks()
 
     def anchor(row):  # phase 2: the same case again with fla beside it, judged against fla's error too
         if over():
@@ -660,7 +659,6 @@ def main():
     mem = gpu_memory_gib(_GPUS)
     if mem:
         print(f"GPU memory for the cases: {mem} GiB; {a.jobs} jobs at most", flush=True)
-    peaks.update(known_peaks())
     for row in schedule([c for c in cases if c["id"] not in kept], a.jobs, one, mem,
                         est=lambda c: est_gib(c, peaks)):
         report(row, len(cases))
@@ -677,17 +675,11 @@ def main():
                 and not str(r.get("fla_error", "")).startswith(("ImportError", "ModuleNotFound"))]
         done = {}
         # fla autotunes per (dtype, head dims) and keeps the results on disk for this run (TRITON_CACHE_AUTOTUNING):
-        # one case of each group first, the rest after, so the rest read the cache instead of all autotuning the
-        # same kernels at once (session 6: five workers autotuning together outlasted a 240-s limit)
-        leaders = {}
-        for r in todo:
-            leaders.setdefault((r["dtype"], r["K"], r["V"]), r)
-        for wave in (list(leaders.values()), [r for r in todo if r not in leaders.values()]):
-            with ThreadPoolExecutor(a.fla_jobs) as pool:
-                for fut in as_completed([pool.submit(anchor, r) for r in wave]):
-                    r = fut.result()
-                    done[r["id"]] = r
-                    report(r, len(todo), phase="fla ")
+        # one case of each such group first, the rest of a group after it, so they read the cache instead of all
+        # autotuning the same kernels at once (session 6: five workers autotuning together outlasted a 240-s limit)
+        for r in schedule(todo, a.fla_jobs, lambda r, _gpu: anchor(r), group=lambda r: (r["dtype"], r["K"], r["V"])):
+            done[r["id"]] = r
+            report(r, len(todo), phase="fla ")
         rows[:] = [done.get(r["id"], r) for r in rows]
     order = {c["id"]: i for i, c in enumerate(cases)}
     rows.sort(key=lambda r: order[r["id"]])
