@@ -67,7 +67,10 @@ class StateStore:
         self.conn = sqlite3.connect(str(self.path), timeout=120, isolation_level=None, check_same_thread=False)
         self.conn.row_factory = sqlite3.Row
         self.conn.execute("PRAGMA busy_timeout = 120000")
-        self.conn.execute("PRAGMA journal_mode = WAL")
+        # switching a fresh file to WAL takes an exclusive lock that a second CLI opening the same new workspace can
+        # hold: SQLite may answer "database is locked" at once there rather than wait (CI, session 27: one of two
+        # concurrent `dpx submit` exited with it), so it waits as a transaction's BEGIN does
+        self._until_not_busy("PRAGMA journal_mode = WAL")
         self.conn.execute("PRAGMA synchronous = NORMAL")
         with self.tx() as c:
             for stmt in SCHEMA.split(";"):
@@ -78,17 +81,21 @@ class StateStore:
     def close(self) -> None:
         self.conn.close()
 
-    @contextmanager
-    def tx(self) -> Iterator[sqlite3.Connection]:
-        """One IMMEDIATE transaction (takes the write lock up front, so it never deadlocks on upgrade)."""
+    def _until_not_busy(self, sql: str) -> None:
+        """Execute sql, retrying while SQLite says locked or busy beyond the busy timeout (never surfaced)."""
         for attempt in range(200):
             try:
-                self.conn.execute("BEGIN IMMEDIATE")
-                break
-            except sqlite3.OperationalError as e:  # busy beyond the timeout: keep waiting, never surface it
+                self.conn.execute(sql)
+                return
+            except sqlite3.OperationalError as e:
                 if "locked" not in str(e) and "busy" not in str(e):
                     raise
                 time.sleep(0.05 * (1 + attempt % 10))
+
+    @contextmanager
+    def tx(self) -> Iterator[sqlite3.Connection]:
+        """One IMMEDIATE transaction (takes the write lock up front, so it never deadlocks on upgrade)."""
+        self._until_not_busy("BEGIN IMMEDIATE")
         try:
             yield self.conn
             self.conn.execute("COMMIT")
