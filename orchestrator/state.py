@@ -61,6 +61,8 @@ CREATE TABLE IF NOT EXISTS events (
 
 
 class StateStore:
+    BUSY_TRIES = 200  # retries past SQLite's busy timeout before a locked store is an error (tests shrink it)
+
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -83,7 +85,7 @@ class StateStore:
 
     def _until_not_busy(self, sql: str) -> None:
         """Execute sql, retrying while SQLite says locked or busy beyond the busy timeout (never surfaced)."""
-        for attempt in range(200):
+        for attempt in range(self.BUSY_TRIES):
             try:
                 self.conn.execute(sql)
                 return
@@ -91,6 +93,8 @@ class StateStore:
                 if "locked" not in str(e) and "busy" not in str(e):
                     raise
                 time.sleep(0.05 * (1 + attempt % 10))
+        # BUSY_TRIES (~55 s of sleeps at 200) past SQLite's own 120 s timeout: going on would run tx's body outside a transaction
+        raise RuntimeError(f"state store {self.path} stayed locked: {sql!r} did not get through")
 
     @contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
@@ -107,14 +111,14 @@ class StateStore:
             raise
 
     def q(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
-        for attempt in range(200):
+        for attempt in range(self.BUSY_TRIES):
             try:
                 return self.conn.execute(sql, args).fetchall()
             except sqlite3.OperationalError as e:
                 if "locked" not in str(e) and "busy" not in str(e):
                     raise
                 time.sleep(0.05)
-        raise RuntimeError("state store stayed locked")
+        raise RuntimeError(f"state store {self.path} stayed locked")
 
     # ---- submissions --------------------------------------------------------------------------------------
     def add_submission(self, sub_id: str, recipe: str, file: str, overrides: list[str], backend: str,

@@ -358,3 +358,36 @@ def test_state_db_deleted_under_a_live_driver(tmp_path, dpx):
     t = trials(ws)
     assert len(t) == 8 and {v["status"] for v in t.values()} == {"completed"}, {k: v["status"] for k, v in t.items()}
     assert [attempts_in_log(Path(v["run_dir"])) for v in t.values()] == [1] * 8  # each ran once, all told
+
+
+def test_a_store_that_stays_locked_raises_and_writes_nothing(tmp_path, monkeypatch):
+    """A writer that never lets go: tx must fail loudly after its retries, never run its body outside a
+    transaction (it used to fall through after the last retry and write without one)."""
+    import sqlite3
+
+    from dpx.orchestrator.state import StateStore
+
+    ex_path = tmp_path / "state.db"
+    store = StateStore(ex_path)
+    monkeypatch.setattr(StateStore, "BUSY_TRIES", 3)
+    store.conn.execute("PRAGMA busy_timeout = 20")
+    other = sqlite3.connect(str(ex_path), isolation_level=None)
+    other.execute("BEGIN EXCLUSIVE")
+    ran = []
+    try:
+        try:
+            with store.tx() as c:
+                ran.append(1)
+                c.execute("INSERT INTO events (time, kind) VALUES (0, 'x')")
+        except RuntimeError as e:
+            assert "stayed locked" in str(e) and str(ex_path) in str(e)
+        else:
+            raise AssertionError("tx on a locked store did not raise")
+        assert not ran
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert store.q("SELECT COUNT(*) FROM events")[0][0] == 0
+    with store.tx() as c:  # once the lock goes, the store works again
+        c.execute("INSERT INTO events (time, kind) VALUES (0, 'x')")
+    assert store.q("SELECT COUNT(*) FROM events")[0][0] == 1
