@@ -378,6 +378,20 @@ def best_configs() -> dict:
     return {name: str(list(at.cache.values())[-1]) for name, at in _autotuners().items() if getattr(at, "cache", None)}
 
 
+def config_timings() -> dict:
+    """What each config of each autotuned kernel took when this process's autotuner last timed it (median ms; None:
+    the config failed to run), so that a pruning of an autotune space can be judged by what it would cost each case
+    (benchmarks/autotune_wins.py --regret), not only by which config won."""
+    out = {}
+    for name, at in _autotuners().items():
+        tm = getattr(at, "configs_timings", None)
+        if not tm:
+            continue
+        med = {str(cfg): (t[0] if isinstance(t, (list, tuple)) else t) for cfg, t in tm.items()}
+        out[name] = {cfg: (round(float(t), 6) if t is not None and math.isfinite(t) else None) for cfg, t in med.items()}
+    return out
+
+
 def judge(c, row) -> tuple[str, list[str]]:
     tol = TOL[c["dtype"]]
     bad = []
@@ -408,6 +422,7 @@ def worker(spec: str) -> int:
         row["gpu_peak_gib"] = _peak_gib()
         try:
             row["configs"] = best_configs()
+            row["config_ms"] = config_timings()
         except Exception:  # noqa: BLE001
             pass
         print("RESULT " + json.dumps(row), flush=True)

@@ -24,3 +24,20 @@ def test_picks_are_counted_once_per_case_per_file_and_by_sha(tmp_path):
 
 def test_the_committed_rows_give_a_table():
     assert autotune_wins.main([]) == 0
+
+
+def test_cover_keeps_the_fewest_configs_within_the_limit_and_ignores_noise():
+    cases = [("a", {"x": 1.00, "y": 1.02, "z": 2.0}),   # y is within 3 % of x
+             ("b", {"x": 1.50, "y": 1.00, "z": 1.01}),   # x is not within 3 % here
+             ("c", {"x": 1.00, "y": None, "z": 1.00}),   # y failed to run: x or z
+             ("d", {"x": 0.001, "y": 0.009, "z": 0.002})]  # best under min_ms: a launch-bound case, not counted
+    r = autotune_wins.cover(cases, 0.03, 0.01)
+    # each config covers two of a, b, c: ties go to the smaller summed time (a failed run counts as huge)
+    assert r["timed"] == 3 and r["kept"] == ["x", "z"] and r["worst"] <= 1.03
+    assert autotune_wins.cover(cases, 0.6, 0.01)["kept"] == ["x"]  # x is within 1.6x everywhere, and it is cheapest
+    text = autotune_wins.regret_markdown({("k", "bfloat16"): cases}, 0.03, 0.01, None)
+    assert "| k | bfloat16 | 4 (3) | 3 |" in text
+
+
+def test_the_committed_rows_give_a_regret_table():
+    assert autotune_wins.main(["--regret", "0.03"]) == 0
