@@ -153,17 +153,21 @@ def _compile(jf: JITFunction, sig: dict, consts: dict, warps: int, stages: int, 
     cache nothing is built and ptxas runs here on the cached PTX, with Triton's flags."""
     triton.knobs.nvidia.dump_ptxas_log = True
     out = io.StringIO()
+    t0 = time.time()
     with contextlib.redirect_stdout(out):
         c = triton.compile(ASTSource(fn=jf, signature=sig, constexprs=consts,
                                      attrs={(i,): [["tt.divisibility", 16]] for i in div16}),
                            target=GPUTarget("cuda", cc, 32), options={"num_warps": warps, "num_stages": stages})
+    compile_s = time.time() - t0
     log = out.getvalue()
     arch = f"sm_{cc}a" if cc == 90 else f"sm_{cc}"
     nums = _ptxas_numbers(log, True) if "Used " in log else ptxas_report(c.asm["ptx"], cc, arch)
     # CTA-wide barriers and warp shuffles in the PTX: what cross-warp reductions and layout conversions cost a
     # kernel that runs one CTA an SM (the per-chunk gradient kernel: 84 barriers non-gated, 123 gated, session 26)
     ptx = c.asm["ptx"]
-    return {"shared": c.metadata.shared, **nums, "barriers": ptx.count("bar.sync"), "shuffles": ptx.count("shfl.sync")}
+    # compile_s: this build's seconds (a hit in Triton's cache is ~0): what a first call, and the GPU check, pay
+    return {"shared": c.metadata.shared, **nums, "barriers": ptx.count("bar.sync"), "shuffles": ptx.count("shfl.sync"),
+            "compile_s": round(compile_s, 2)}
 
 
 def _compile_job(job: tuple) -> dict:
