@@ -3,7 +3,9 @@
     python3 benchmarks/gpu_check.py --out DIR [--jobs 6] [--only SUBSTR] [--no-recipes] [--no-fla]
                                     [--env NAME=VALUE ...]   (e.g. --env DPX_KERNEL_DQKWG=split)
 
-Each case runs in its own process (`--case JSON`), so a fault fails one row, not the run. A case runs the Triton
+Each case runs in its own process, so a fault fails one row, not the run: forked from a zygote that imported torch,
+triton and the kernels once (--no-zygote: a fresh `--case JSON` interpreter each, as the fault-locating reruns
+always are). A case runs the Triton
 chunk kernel (forward + backward: o, final state, dq, dk, dv, dbeta, dg, dh0) or the decode kernel (o, state)
 with the autotuner as users get it, and compares against PyTorch's chunkwise form in float64 on the same GPU
 (kernels/delta_product/torch_chunk.py, itself tested against the token loop in CI), fed the same inputs rounded to
@@ -30,6 +32,7 @@ Writes DIR/gpu_check.json (one row per case with its status) and DIR/gpu_check.m
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -419,6 +422,7 @@ def worker(spec: str) -> int:
     try:
         row = run_case(c)
         row.setdefault("phase_s", {})["import"] = round(import_s, 2)
+        row["process"] = os.environ.get("DPX_CHECK_PROCESS", "fresh")  # zygote: forked with the imports done
         row["gpu_peak_gib"] = _peak_gib()
         try:
             row["configs"] = best_configs()
@@ -439,17 +443,97 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def _spawn(c, env_extra=None, timeout=200):
-    """Run one case in a fresh process (the worker below); its RESULT/ERROR line, exit status and wall time."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **(env_extra or {}))
-    t0 = time.time()
+# The zygote: a multiprocessing forkserver that imported torch, triton and dpx's kernels once; a case's first
+# process is forked from it instead of starting an interpreter and importing them again. Still one process per case
+# (a fault kills only that child). Why: session 27's 193 cases spent ~2,900 of 13,146 case-seconds starting Python
+# and importing, ~20 % of a check that the CPU bounds. Nothing in those imports touches CUDA (a CUDA driver
+# initialized before a fork breaks the child), so the children pick their GPU (CUDA_VISIBLE_DEVICES) as a fresh
+# process does. The reruns that locate a fault (DPX_KERNEL_SYNC, DPX_AUTOTUNE_PIN and CUDA_LAUNCH_BLOCKING, read at
+# import) start fresh processes, as does every case under --no-zygote.
+ZYGOTE_PRELOAD = ("torch", "triton", "dpx.kernels.delta_product.chunk", "dpx.kernels.delta_product.fused_recurrent",
+                  "dpx.kernels.fused")
+_ZYGOTE: dict = {"on": False, "ctx": None, "env": {}}
+# read when the kernels are imported (kernels/utils): a child whose switches differ from the zygote's needs a fresh
+# process; every other variable is read at call time, and a child gets the driver's whole environment
+_IMPORT_TIME = ("TRITON_INTERPRET", "DPX_NO_AUTOTUNE", "DPX_KERNEL_SYNC", "DPX_AUTOTUNE_PIN", "CUDA_LAUNCH_BLOCKING")
+
+
+def _import_env(env) -> dict:
+    return {k: env.get(k) for k in _IMPORT_TIME}
+
+
+def start_zygote() -> None:
+    """Start the forkserver with its imports (before the driver's threads: it inherits this process's environment,
+    TRITON_INTERPRET included where there is no GPU)."""
+    import multiprocessing as mp
+    from multiprocessing import forkserver
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(list(ZYGOTE_PRELOAD))
+    forkserver.ensure_running()  # a forkserver started before (tests run the driver in-process) is kept: its
+    _ZYGOTE.update(on=True, ctx=ctx, env=_ZYGOTE["env"] or _import_env(os.environ))  # switches as they were then
+
+
+def _zygote_child(spec: str, env: dict, out_path: str, err_path: str) -> None:
+    """A case's process, forked from the zygote, in the driver's environment: its stdout and stderr go to files the
+    driver reads."""
+    for fd, path in ((1, out_path), (2, err_path)):
+        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(f, fd)
+        os.close(f)
+    os.environ.clear()
+    os.environ.update(env)
+    os.environ["DPX_CHECK_PROCESS"] = "zygote"
     try:
-        p = subprocess.run([sys.executable, __file__, "--case", json.dumps(c)], capture_output=True, text=True,
-                           env=env, timeout=timeout)
-        out, err, rc = p.stdout, p.stderr, p.returncode
-    except subprocess.TimeoutExpired as e:
-        out, err, rc = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""), "", -9
-        err = f"timeout after {timeout} s"
+        rc = worker(spec)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    sys.exit(rc)
+
+
+def _run_forked(c, env_extra: dict, timeout: float):
+    """(stdout, stderr, exit status) of one case forked from the zygote; -9 and a timeout line when it outlasts
+    `timeout` (killed, as subprocess.run's timeout kills)."""
+    import tempfile
+    fo, out_path = tempfile.mkstemp(prefix="gpu_check_", suffix=".out")
+    fe, err_path = tempfile.mkstemp(prefix="gpu_check_", suffix=".err")
+    os.close(fo)
+    os.close(fe)
+    try:
+        env = dict(os.environ, **env_extra)
+        p = _ZYGOTE["ctx"].Process(target=_zygote_child, args=(json.dumps(c), env, out_path, err_path))
+        p.start()
+        p.join(timeout)
+        timed_out = p.exitcode is None
+        if timed_out:
+            p.kill()
+            p.join()
+        rc = -9 if timed_out else p.exitcode
+        p.close()
+        out, err = Path(out_path).read_text(errors="replace"), Path(err_path).read_text(errors="replace")
+        return out, (f"timeout after {timeout} s" if timed_out else err), rc
+    finally:
+        for f in (out_path, err_path):
+            with contextlib.suppress(OSError):
+                os.unlink(f)
+
+
+def _spawn(c, env_extra=None, timeout=200):
+    """Run one case in its own process (the worker below): forked from the zygote when it runs and the case needs
+    no import-time switch, else a fresh interpreter. Its RESULT/ERROR line, exit status and wall time."""
+    env_extra = dict(env_extra or {})
+    t0 = time.time()
+    if _ZYGOTE["on"] and _import_env(dict(os.environ, **env_extra)) == _ZYGOTE["env"]:
+        out, err, rc = _run_forked(c, env_extra, timeout)
+    else:
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **env_extra)
+        try:
+            p = subprocess.run([sys.executable, __file__, "--case", json.dumps(c)], capture_output=True, text=True,
+                               env=env, timeout=timeout)
+            out, err, rc = p.stdout, p.stderr, p.returncode
+        except subprocess.TimeoutExpired as e:
+            out, err, rc = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""), "", -9
+            err = f"timeout after {timeout} s"
     res = {"rc": rc, "wall_s": round(time.time() - t0, 1)}
     for line in out.splitlines():
         if line.startswith("RESULT "):
@@ -574,6 +658,9 @@ def main():
     ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                     help="set NAME=VALUE in every case's process (repeatable; recorded in the summary and each row), "
                     "e.g. DPX_KERNEL_DQKWG=split")
+    ap.add_argument("--no-zygote", action="store_true",
+                    help="start every case's process afresh (default: fork first runs from a process that imported "
+                    "torch, triton and the kernels once)")
     ap.add_argument("--list", action="store_true", help="print the cases and exit")
     ap.add_argument("--kernels-sha", action="store_true", help="print the kernels' source digest and exit")
     ap.add_argument("--budget-s", type=float, default=0, help="start no case after this many seconds (0: no limit)")
@@ -671,6 +758,10 @@ def main():
 
     # phase 1, every case, dpx alone (fla's first-call autotuning, minutes and many kernels, must not hold the
     # pool): one case of each compile group first, the cases packed by their memory estimates (gpu_check_schedule)
+    if not a.no_zygote:
+        if not _has_cuda():  # the zygote imports triton: the interpreter must be chosen before, as worker() does
+            os.environ["TRITON_INTERPRET"] = "1"
+        start_zygote()
     mem = gpu_memory_gib(_GPUS)
     if mem:
         print(f"GPU memory for the cases: {mem} GiB; {a.jobs} jobs at most", flush=True)

@@ -154,6 +154,26 @@ def test_env_option_parses_and_reaches_the_cases(tmp_path, monkeypatch):
     assert row["env"] == {"DPX_KERNEL_DQKWG": "split"} and row["dqkwg_kernel"] == "split", row
     assert row["gpu"] == "3" and out["summary"]["gpus"] == ["3"]  # --gpus: the case's CUDA_VISIBLE_DEVICES
     assert "--env DPX_KERNEL_DQKWG=split" in (tmp_path / "gpu_check.md").read_text()
+    # the case was forked from the zygote, and still saw the driver's --env (read at call time)
+    assert row["process"] == "zygote", row
+
+
+def test_zygote_children_report_errors_timeouts_and_switches(monkeypatch):
+    """A case forked from the zygote: a case the worker rejects is an ERROR line and exit 3; one that outlasts its
+    limit is killed (-9); an import-time switch (the fault-locating reruns') gets a fresh interpreter instead."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.delenv("DPX_AUTOTUNE_PIN", raising=False)
+    gpu_check.start_zygote()
+    bad = dict(gpu_check.case(dtype="float32", n=1, K=16, V=16, H=1, B=1, T=3), dtype="float7")
+    res = gpu_check._spawn(bad, {}, timeout=120)
+    assert res["rc"] == 3 and "float7" in res["error"], res
+    slow = gpu_check.case(dtype="float32", n=2, K=64, V=64, H=2, B=2, T=2000, gate="rand")
+    res = gpu_check._spawn(slow, {}, timeout=2)
+    assert res["rc"] == -9 and "timeout after 2" in res["error"], res
+    ok = gpu_check.case(kind="decode", dtype="float32", n=2, K=16, V=16, H=1, B=2, T=3, gate="rand", bwd=False)
+    assert gpu_check._spawn(ok, {}, timeout=120)["row"]["process"] == "zygote"
+    res = gpu_check._spawn(ok, {"DPX_AUTOTUNE_PIN": "fused_recurrent_dp_fwd_kernel:0"}, timeout=120)
+    assert res["row"]["process"] == "fresh", res
 
 
 def test_gpus_go_round(monkeypatch):
