@@ -36,6 +36,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -523,9 +524,18 @@ def _spawn(c, env_extra=None, timeout=200):
     no import-time switch, else a fresh interpreter. Its RESULT/ERROR line, exit status and wall time."""
     env_extra = dict(env_extra or {})
     t0 = time.time()
-    if _ZYGOTE["on"] and _import_env(dict(os.environ, **env_extra)) == _ZYGOTE["env"]:
+    forked = _ZYGOTE["on"] and _import_env(dict(os.environ, **env_extra)) == _ZYGOTE["env"]
+    if forked:
         out, err, rc = _run_forked(c, env_extra, timeout)
-    else:
+        if rc != 0 and re.search(r"re-initialize CUDA|CUDA driver initialization|cudaErrorInitializationError|"
+                                 r"initialization error", out + err):  # a CUDA the zygote's fork broke: never again
+            with _LOCK:
+                if _ZYGOTE["on"]:
+                    print("gpu_check: a forked case could not initialize CUDA; every case runs afresh from here "
+                          f"(--no-zygote): {(out + err).strip().splitlines()[-1][:200]}", flush=True)
+                _ZYGOTE["on"] = False
+            forked = False
+    if not forked:
         env = dict(os.environ, PYTHONUNBUFFERED="1", **env_extra)
         try:
             p = subprocess.run([sys.executable, __file__, "--case", json.dumps(c)], capture_output=True, text=True,
