@@ -526,13 +526,19 @@ def _spawn(c, env_extra=None, timeout=200):
     t0 = time.time()
     forked = _ZYGOTE["on"] and _import_env(dict(os.environ, **env_extra)) == _ZYGOTE["env"]
     if forked:
-        out, err, rc = _run_forked(c, env_extra, timeout)
-        if rc != 0 and re.search(r"re-initialize CUDA|CUDA driver initialization|cudaErrorInitializationError|"
-                                 r"initialization error", out + err):  # a CUDA the zygote's fork broke: never again
+        why = None
+        try:
+            out, err, rc = _run_forked(c, env_extra, timeout)
+            if rc != 0 and re.search(r"re-initialize CUDA|CUDA driver initialization|cudaErrorInitializationError|"
+                                     r"initialization error", out + err):  # a CUDA that the zygote's fork broke
+                why = (out + err).strip().splitlines()[-1][:200]
+        except (OSError, EOFError, ValueError) as e:  # the forkserver itself is gone
+            why = f"{type(e).__name__}: {e}"
+        if why is not None:  # never again in this run: this case and the rest start afresh
             with _LOCK:
                 if _ZYGOTE["on"]:
-                    print("gpu_check: a forked case could not initialize CUDA; every case runs afresh from here "
-                          f"(--no-zygote): {(out + err).strip().splitlines()[-1][:200]}", flush=True)
+                    print(f"gpu_check: the zygote failed ({why}); every case runs afresh from here (--no-zygote)",
+                          flush=True)
                 _ZYGOTE["on"] = False
             forked = False
     if not forked:
@@ -818,7 +824,7 @@ def main():
                # the code that ran (compare with `python3 benchmarks/gpu_check.py --kernels-sha` here)
                "kernels_sha": sha,
                "rows_by_kernels_sha": _count(rows, lambda r: str(r.get("kernels_sha"))),
-               "env": env, "rows_by_env": _count(rows, lambda r: _env_key(r.get("env"))), "gpus": _GPUS,
+               "env": env, "rows_by_env": _count(rows, lambda r: _env_key(r.get("env"))), "gpus": _GPUS, "rows_by_process": _count(rows, lambda r: r.get("process", "-")),
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "notes": notes,
                "command": " ".join(["python3", "benchmarks/gpu_check.py"] + sys.argv[1:])}
     (out / f"{a.name}.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1, default=str))
