@@ -824,7 +824,8 @@ def main():
                # the code that ran (compare with `python3 benchmarks/gpu_check.py --kernels-sha` here)
                "kernels_sha": sha,
                "rows_by_kernels_sha": _count(rows, lambda r: str(r.get("kernels_sha"))),
-               "env": env, "rows_by_env": _count(rows, lambda r: _env_key(r.get("env"))), "gpus": _GPUS, "rows_by_process": _count(rows, lambda r: r.get("process", "-")),
+               "env": env, "rows_by_env": _count(rows, lambda r: _env_key(r.get("env"))), "gpus": _GPUS,
+               "rows_by_process": _count(rows, lambda r: r.get("process", "-")),  # zygote / fresh (see _spawn)
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "notes": notes,
                "command": " ".join(["python3", "benchmarks/gpu_check.py"] + sys.argv[1:])}
     (out / f"{a.name}.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1, default=str))
