@@ -42,16 +42,21 @@ def short(cfg: str) -> str:
     return " ".join(out)
 
 
+def last_rows(f) -> list:
+    """A rows file's rows, one per case id: a file's last line of an id wins (a resumed run repeats the kept rows)."""
+    last = {}
+    for ln in Path(f).read_text().splitlines():
+        if ln.strip():
+            r = json.loads(ln)
+            last[r["id"]] = r
+    return list(last.values())
+
+
 def wins(files, sha: str | None) -> dict:
     """{kernel: {dtype: Counter(config)}} over the rows of `files` (at kernels_sha `sha` if given)."""
     out: dict = collections.defaultdict(lambda: collections.defaultdict(collections.Counter))
     for f in files:
-        last = {}
-        for ln in Path(f).read_text().splitlines():
-            if ln.strip():
-                r = json.loads(ln)
-                last[r["id"]] = r  # a file's last line of an id wins (a resumed run repeats the kept rows)
-        for r in last.values():
+        for r in last_rows(f):
             if sha and r.get("kernels_sha") != sha:
                 continue
             for kernel, cfg in (r.get("configs") or {}).items():
@@ -68,12 +73,7 @@ def timed_cases(files, sha: str | None, speed_files=()) -> dict:
     """{(kernel, dtype): [(case, {short config: ms})]} from the check rows' config_ms and the speed rows' timings."""
     out: dict = collections.defaultdict(list)
     for f in files:
-        last = {}
-        for ln in Path(f).read_text().splitlines():
-            if ln.strip():
-                r = json.loads(ln)
-                last[r["id"]] = r
-        for r in last.values():
+        for r in last_rows(f):
             if sha and r.get("kernels_sha") != sha:
                 continue
             for kernel, tm in (r.get("config_ms") or {}).items():
