@@ -83,18 +83,21 @@ class StateStore:
     def close(self) -> None:
         self.conn.close()
 
-    def _until_not_busy(self, sql: str) -> None:
-        """Execute sql, retrying while SQLite says locked or busy beyond the busy timeout (never surfaced)."""
+    def _retry_busy(self, fn, what: str, backoff: bool = True):
+        """fn(), retried while SQLite says locked or busy beyond the busy timeout (never surfaced), BUSY_TRIES times
+        (~55 s of sleeps with backoff, 10 s without), then an error: going on would, for a BEGIN, run tx's body
+        outside a transaction."""
         for attempt in range(self.BUSY_TRIES):
             try:
-                self.conn.execute(sql)
-                return
+                return fn()
             except sqlite3.OperationalError as e:
                 if "locked" not in str(e) and "busy" not in str(e):
                     raise
-                time.sleep(0.05 * (1 + attempt % 10))
-        # BUSY_TRIES (~55 s of sleeps at 200) past SQLite's own 120 s timeout: going on would run tx's body outside a transaction
-        raise RuntimeError(f"state store {self.path} stayed locked: {sql!r} did not get through")
+                time.sleep(0.05 * (1 + attempt % 10) if backoff else 0.05)
+        raise RuntimeError(f"state store {self.path} stayed locked{what}")
+
+    def _until_not_busy(self, sql: str) -> None:
+        self._retry_busy(lambda: self.conn.execute(sql), f": {sql!r} did not get through")
 
     @contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
@@ -111,14 +114,7 @@ class StateStore:
             raise
 
     def q(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
-        for attempt in range(self.BUSY_TRIES):
-            try:
-                return self.conn.execute(sql, args).fetchall()
-            except sqlite3.OperationalError as e:
-                if "locked" not in str(e) and "busy" not in str(e):
-                    raise
-                time.sleep(0.05)
-        raise RuntimeError(f"state store {self.path} stayed locked")
+        return self._retry_busy(lambda: self.conn.execute(sql, args).fetchall(), "", backoff=False)
 
     # ---- submissions --------------------------------------------------------------------------------------
     def add_submission(self, sub_id: str, recipe: str, file: str, overrides: list[str], backend: str,
