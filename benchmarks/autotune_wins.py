@@ -121,6 +121,47 @@ def regret_markdown(tc: dict, limit: float, min_ms: float, sha: str | None) -> s
     return "\n".join(lines) + "\n"
 
 
+PRECISION = {"float32": "fp32", "bfloat16": "16bit", "float16": "16bit"}  # autotune_spaces.py's two tables
+
+
+def _entry(cfg: str) -> tuple:
+    """'BV=64 w=4 s=3' -> (64, 4, 3); 'w=4 s=1' -> (None, 4, 1): autotune_spaces.SPACES's entries."""
+    kv = dict(kv.split("=") for kv in cfg.split())
+    return (int(kv["BV"]) if "BV" in kv else None, int(kv["w"]), int(kv["s"]))
+
+
+def spaces(files, sha: str | None, speed_files, limit: float, min_ms: float, recipes_only: bool = True) -> dict:
+    """{kernel: {precision: {entry}}}: per kernel and precision, the regret cover's configs over the timed cases,
+    and the pick of every case id that has no timings for that kernel (older rows record picks only), so nothing
+    a check ever ran loses its winner. A precision none of whose cases is timed or picked keeps its whole space."""
+    tc = timed_cases(files, sha, speed_files)
+    out: dict = collections.defaultdict(lambda: collections.defaultdict(set))
+    timed_ids = collections.defaultdict(set)
+    for (kernel, dtype), cases in tc.items():
+        out[kernel][PRECISION[dtype]] |= {_entry(c) for c in cover(cases, limit, min_ms)["kept"]}
+        timed_ids[(kernel, dtype)] |= {cid.split(":", 1)[1] for cid, _ in cases}
+    for f in files:
+        for r in last_rows(f):
+            if sha and r.get("kernels_sha") != sha:
+                continue
+            for kernel, cfg in (r.get("configs") or {}).items():
+                if recipes_only and r.get("source") == "matrix":
+                    continue  # the matrix's 2 x 300 correctness shapes: launch-bound, any config that runs will do
+                if r["id"] not in timed_ids[(kernel, r["dtype"])]:
+                    out[kernel][PRECISION[r["dtype"]]].add(_entry(short(cfg)))
+    return {k: {p: v for p, v in d.items() if v} for k, d in out.items()}
+
+
+def spaces_python(sp: dict, limit: float) -> str:
+    lines = [f"# autotune_wins.py --spaces --regret {limit}: the regret cover plus untimed cases' picks"]
+    for kernel in sorted(sp):
+        lines.append(f"    {kernel!r}: {{")
+        for prec in sorted(sp[kernel]):
+            lines.append(f"        {prec!r}: {sorted(sp[kernel][prec], key=str)!r},")
+        lines.append("    },")
+    return "\n".join(lines) + "\n"
+
+
 def markdown(w: dict, sha: str | None, files) -> str:
     lines = [f"Autotune picks in {len(files)} check row files" + (f" at kernels_sha {sha}" if sha else ""),
              "", "| kernel | dtype | config: cases it won |", "|---|---|---|"]
@@ -138,6 +179,9 @@ def main(argv=None) -> int:
     ap.add_argument("--regret", type=float, default=None,
                     help="print the smallest spaces within this fraction of the best in every timed case instead")
     ap.add_argument("--min-ms", type=float, default=0.01, help="with --regret: cases whose best is under this are noise")
+    ap.add_argument("--spaces", action="store_true",
+                    help="with --regret: print the kept configs as autotune_spaces.SPACES entries (the regret cover "
+                         "plus the pick of every case without timings)")
     a = ap.parse_args(argv)
     files = sorted((ROOT / "benchmarks" / "results").glob("gpu_check*_rows.jsonl"))
     if not files:
@@ -145,7 +189,8 @@ def main(argv=None) -> int:
         return 1
     if a.regret is not None:
         speed = sorted((ROOT / "benchmarks" / "results").glob("**/kernels_rows*.jsonl"))
-        text = regret_markdown(timed_cases(files, a.sha, speed), a.regret, a.min_ms, a.sha)
+        text = (spaces_python(spaces(files, a.sha, speed, a.regret, a.min_ms), a.regret) if a.spaces
+                else regret_markdown(timed_cases(files, a.sha, speed), a.regret, a.min_ms, a.sha))
     else:
         text = markdown(wins(files, a.sha), a.sha, files)
     print(text, end="")
