@@ -638,6 +638,15 @@ def known_walls() -> dict:
     return walls
 
 
+def in_schedule_order(cases: list, walls: dict) -> list:
+    """The slowest cases first, so that the run's tail is short and a capped run has seen the hard shapes: cases no
+    committed row has timed (new shapes) first, by the old rule (long sequences and recipe evaluation lengths, then
+    the shapes that faulted before: issue 14's 16-bit head dim 32, n_h = 3, head dim 85), then the timed ones by
+    their wall time, longest first."""
+    return sorted(cases, key=lambda c: (c["id"] in walls, -walls.get(c["id"], 0.0), 0 if c["T"] >= 8192 or c["evals"]
+                                        else 1 if c["K"] in (32, 85) or c["n"] == 3 else 2))
+
+
 MEM_USE = 0.9  # of each GPU's memory, for the cases' estimates (gpu_check_schedule.est_gib) together
 
 
@@ -724,12 +733,7 @@ def main():
             print(c["id"])
         print(f"{len(cases)} cases", *notes, sep="\n")
         return
-    # the slowest cases first, so that the run's tail is short: cases no committed row has timed (new shapes) by
-    # the old rule (long sequences and recipe evaluation lengths, then the shapes that faulted before: issue 14's
-    # 16-bit head dim 32, n_h = 3, head dim 85), then the timed ones by their last wall time, longest first
-    walls = known_walls()
-    cases.sort(key=lambda c: (c["id"] in walls, -walls.get(c["id"], 0.0),
-                              0 if c["T"] >= 8192 or c["evals"] else 1 if c["K"] in (32, 85) or c["n"] == 3 else 2))
+    cases = in_schedule_order(cases, known_walls())
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()

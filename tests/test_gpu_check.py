@@ -232,3 +232,14 @@ def test_memory_estimates_cover_the_measured_peaks():
     peaks = gpu_check.known_peaks()
     r = max(rows, key=lambda r: r["gpu_peak_gib"])
     assert peaks[r["id"]] >= r["gpu_peak_gib"] and est_gib(r, peaks) > CTX_GIB + r["gpu_peak_gib"]
+
+
+def test_schedule_runs_new_shapes_then_the_longest_timed_cases_first():
+    cases = gpu_check.matrix_cases()[:6]
+    walls = gpu_check.known_walls()
+    assert len(walls) >= 150 and all(w > 0 for w in walls.values())  # every committed case that passed has a time
+    ids = [c["id"] for c in cases]
+    timed = {ids[0]: 3.0, ids[1]: 90.0, ids[2]: 20.0, ids[3]: 90.5}
+    order = [c["id"] for c in gpu_check.in_schedule_order(cases, timed)]
+    assert set(order[:2]) == set(ids[4:6])  # untimed first
+    assert order[2:] == [ids[3], ids[1], ids[2], ids[0]]
