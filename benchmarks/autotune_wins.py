@@ -9,6 +9,8 @@ candidate to prune — after the speed table at the benchmark shape confirms it 
     python3 benchmarks/autotune_wins.py [--sha KERNELS_SHA] [--out results/autotune_wins.md]
     python3 benchmarks/autotune_wins.py --regret 0.03 [--min-ms 0.01] [--sha ...]   # the smallest space that keeps
                                                                                     # every timed case within 3 %
+    python3 benchmarks/autotune_wins.py --regret 0.03 --spaces [--write kernels/delta_product/autotune_spaces.py]
+                                        # that cut per head-dim bucket as autotune_spaces.SPACES (pending patch)
 
 Reads every benchmarks/results/gpu_check*_rows.jsonl; a row's `configs` holds each kernel's pick for the last
 shape it tuned in that case (one pick per kernel per case). Rows of one case repeated across calls count once
@@ -69,8 +71,9 @@ def _ms(t):
     return None if t is None or not math.isfinite(float(t)) else float(t)
 
 
-def timed_cases(files, sha: str | None, speed_files=()) -> dict:
-    """{(kernel, dtype): [(case, {short config: ms})]} from the check rows' config_ms and the speed rows' timings."""
+def timed_cases(files, sha: str | None, speed_files=(), with_k: bool = False) -> dict:
+    """{(kernel, dtype): [(case, {short config: ms})]} from the check rows' config_ms and the speed rows' timings
+    (with_k: [(case, {config: ms}, K)], the case's head dim; the speed table's shape is d 128)."""
     out: dict = collections.defaultdict(list)
     for f in files:
         for r in last_rows(f):
@@ -78,7 +81,7 @@ def timed_cases(files, sha: str | None, speed_files=()) -> dict:
                 continue
             for kernel, tm in (r.get("config_ms") or {}).items():
                 ms = {short(c): _ms(t) for c, t in tm.items()}
-                out[(kernel, r["dtype"])].append((f"{Path(f).name}:{r['id']}", ms))
+                out[(kernel, r["dtype"])].append((f"{Path(f).name}:{r['id']}", ms) + ((r["K"],) if with_k else ()))
     for f in speed_files:
         for i, ln in enumerate(Path(f).read_text().splitlines()):
             r = json.loads(ln) if ln.strip() else {}
@@ -86,7 +89,8 @@ def timed_cases(files, sha: str | None, speed_files=()) -> dict:
                 tm = picks.get("timings") if isinstance(picks, dict) else None
                 if tm:  # the benchmark shape of kernels.py: bf16
                     ms = {short(c): _ms(t) for c, t in tm.items()}
-                    out[(kernel, "bfloat16")].append((f"{Path(f).parent.name}/{Path(f).name}:{i}", ms))
+                    out[(kernel, "bfloat16")].append((f"{Path(f).parent.name}/{Path(f).name}:{i}", ms)
+                                                     + ((r.get("K", 128),) if with_k else ()))
     return out
 
 
@@ -130,36 +134,63 @@ def _entry(cfg: str) -> tuple:
     return (int(kv["BV"]) if "BV" in kv else None, int(kv["w"]), int(kv["s"]))
 
 
-def spaces(files, sha: str | None, speed_files, limit: float, min_ms: float, recipes_only: bool = True) -> dict:
-    """{kernel: {precision: {entry}}}: per kernel and precision, the regret cover's configs over the timed cases,
-    and the pick of every case id that has no timings for that kernel (older rows record picks only), so nothing
-    a check ever ran loses its winner. A precision none of whose cases is timed or picked keeps its whole space."""
-    tc = timed_cases(files, sha, speed_files)
-    out: dict = collections.defaultdict(lambda: collections.defaultdict(set))
-    timed_ids = collections.defaultdict(set)
-    for (kernel, dtype), cases in tc.items():
-        out[kernel][PRECISION[dtype]] |= {_entry(c) for c in cover(cases, limit, min_ms)["kept"]}
-        timed_ids[(kernel, dtype)] |= {cid.split(":", 1)[1] for cid, _ in cases}
-    for f in files:
-        for r in last_rows(f):
-            if sha and r.get("kernels_sha") != sha:
-                continue
-            for kernel, cfg in (r.get("configs") or {}).items():
-                if recipes_only and r.get("source") == "matrix":
-                    continue  # the matrix's 2 x 300 correctness shapes: launch-bound, any config that runs will do
-                if r["id"] not in timed_ids[(kernel, r["dtype"])]:
-                    out[kernel][PRECISION[r["dtype"]]].add(_entry(short(cfg)))
-    return {k: {p: v for p, v in d.items() if v} for k, d in out.items()}
+def bucket(k: int) -> int:
+    """The head-dim class of a case: its K rounded up to a power of two, at least 32 (BK, the kernels' K tile: 85 and
+    128 share one), as kernels/delta_product/autotune_spaces.py buckets a launch."""
+    b = 32
+    while b < k:
+        b *= 2
+    return b
+
+
+def spaces(files, sha: str | None, speed_files, limit: float, min_ms: float, min_cases: int = 2) -> dict:
+    """{kernel: {precision: {bucket: {entry}}}}: per kernel, precision and head-dim bucket, the regret cover's
+    configs over the timed cases of that bucket (check rows with config_ms, and the speed table's rows, which are
+    bf16 at d 128). A (kernel, precision, bucket) with fewer than `min_cases` timed cases (best >= min_ms) is left
+    out, so it keeps its whole space: one contended timing is not evidence enough to drop a config.
+
+    Why per bucket: the best config follows the tile sizes (session 29's 73 timed cases: dqkwg's 4-warp build is the
+    best at K <= 64 and 1.2-2x slower at K >= 85; h, h_super and o_tok keep one or two configs a bucket), so one
+    space for all head dims keeps the union of every bucket's winners (bf16: 44 builds a forward + backward at d 128
+    against ~20 per bucket). Picks without timings (rows before session 28) are not added: a pick carries no margin,
+    and at the check's launch-bound shapes it is the tuner's noise."""
+    tc = collections.defaultdict(list)
+    for (kernel, dtype), cases in timed_cases(files, sha, speed_files, with_k=True).items():
+        for cid, ms, k in cases:
+            tc[(kernel, PRECISION[dtype], bucket(k))].append((cid, ms))
+    out: dict = collections.defaultdict(lambda: collections.defaultdict(dict))
+    for (kernel, prec, b), cases in sorted(tc.items()):
+        r = cover(cases, limit, min_ms)
+        kept = r["kept"]
+        if kept and r["timed"] >= min_cases:
+            out[kernel][prec][b] = {_entry(c) for c in kept}
+    return {k: dict(d) for k, d in out.items()}
+
+
+BEGIN, END = "# BEGIN SPACES (benchmarks/autotune_wins.py --spaces --write)", "# END SPACES"
 
 
 def spaces_python(sp: dict, limit: float) -> str:
-    lines = [f"# autotune_wins.py --spaces --regret {limit}: the regret cover plus untimed cases' picks"]
+    lines = [BEGIN, f"# the regret cover within {limit:.0%} of each timed case's best, per head-dim bucket",
+             "SPACES: dict[str, dict[str, dict[int, set]]] = {"]
     for kernel in sorted(sp):
         lines.append(f"    {kernel!r}: {{")
         for prec in sorted(sp[kernel]):
-            lines.append(f"        {prec!r}: {sorted(sp[kernel][prec], key=str)!r},")
+            pad = " " * (len(repr(prec)) + 11)
+            body = f",\n{pad}".join(f"{b}: {{{', '.join(map(repr, sorted(sp[kernel][prec][b], key=str)))}}}"
+                                    for b in sorted(sp[kernel][prec]))
+            lines.append(f"        {prec!r}: {{{body}}},")
         lines.append("    },")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + ["}", END]) + "\n"
+
+
+def write_spaces(path: Path, text: str) -> None:
+    """Replace the block between BEGIN and END in `path` (kernels/delta_product/autotune_spaces.py) by `text`."""
+    src = path.read_text()
+    if BEGIN not in src or END not in src:
+        raise SystemExit(f"autotune_wins: {path}: no '{BEGIN}' ... '{END}' block to replace")
+    head, rest = src.split(BEGIN, 1)
+    path.write_text(head + text.rstrip("\n") + rest.split(END, 1)[1])
 
 
 def markdown(w: dict, sha: str | None, files) -> str:
@@ -180,8 +211,11 @@ def main(argv=None) -> int:
                     help="print the smallest spaces within this fraction of the best in every timed case instead")
     ap.add_argument("--min-ms", type=float, default=0.01, help="with --regret: cases whose best is under this are noise")
     ap.add_argument("--spaces", action="store_true",
-                    help="with --regret: print the kept configs as autotune_spaces.SPACES entries (the regret cover "
-                         "plus the pick of every case without timings)")
+                    help="with --regret: print the kept configs as autotune_spaces.SPACES, per head-dim bucket")
+    ap.add_argument("--min-cases", type=int, default=2,
+                    help="with --spaces: a bucket is pruned only with at least this many timed cases")
+    ap.add_argument("--write", type=Path, help="with --spaces: replace the SPACES block of this file (a tree with "
+                    "benchmarks/pending/autotune-spaces.patch applied: kernels/delta_product/autotune_spaces.py)")
     a = ap.parse_args(argv)
     files = sorted((ROOT / "benchmarks" / "results").glob("gpu_check*_rows.jsonl"))
     if not files:
@@ -189,11 +223,15 @@ def main(argv=None) -> int:
         return 1
     if a.regret is not None:
         speed = sorted((ROOT / "benchmarks" / "results").glob("**/kernels_rows*.jsonl"))
-        text = (spaces_python(spaces(files, a.sha, speed, a.regret, a.min_ms), a.regret) if a.spaces
+        text = (spaces_python(spaces(files, a.sha, speed, a.regret, a.min_ms, a.min_cases), a.regret) if a.spaces
                 else regret_markdown(timed_cases(files, a.sha, speed), a.regret, a.min_ms, a.sha))
     else:
         text = markdown(wins(files, a.sha), a.sha, files)
     print(text, end="")
+    if a.write is not None:
+        if not a.spaces:
+            ap.error("--write needs --spaces")
+        write_spaces(a.write, text)
     if a.out:
         a.out.write_text(text)
     return 0

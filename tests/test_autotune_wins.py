@@ -41,3 +41,50 @@ def test_cover_keeps_the_fewest_configs_within_the_limit_and_ignores_noise():
 
 def test_the_committed_rows_give_a_regret_table():
     assert autotune_wins.main(["--regret", "0.03"]) == 0
+
+
+def _case(i, dtype, k, ms, kernel="k"):
+    return json.dumps({"id": i, "dtype": dtype, "K": k, "kernels_sha": "s",
+                       "config_ms": {kernel: {f"BV: {bv}, num_warps: {w}, num_stages: {s}": t
+                                              for (bv, w, s), t in ms.items()}}})
+
+
+def test_spaces_are_cut_per_head_dim_bucket_and_need_enough_timed_cases(tmp_path):
+    assert [autotune_wins.bucket(k) for k in (16, 32, 33, 64, 85, 128, 200)] == [32, 32, 64, 64, 128, 128, 256]
+    fast4, fast8 = {(64, 4, 2): 1.0, (64, 8, 2): 1.5}, {(64, 4, 2): 1.5, (64, 8, 2): 1.0}
+    f = tmp_path / "gpu_check_x_rows.jsonl"
+    f.write_text("\n".join([_case("a", "bfloat16", 32, fast4), _case("b", "float16", 32, fast4),
+                            _case("c", "bfloat16", 85, fast8), _case("d", "bfloat16", 128, fast8),
+                            _case("e", "float32", 128, fast8)]) + "\n")  # float32 at 128: one case only
+    sp = autotune_wins.spaces([f], None, (), 0.03, 0.01)
+    assert sp == {"k": {"16bit": {32: {(64, 4, 2)}, 128: {(64, 8, 2)}}}}  # fp32@128 keeps its whole space
+    assert autotune_wins.spaces([f], None, (), 0.03, 0.01, min_cases=1)["k"]["fp32"] == {128: {(64, 8, 2)}}
+    # the printed block is Python that gives the same table back, and --write replaces only that block
+    text = autotune_wins.spaces_python(sp, 0.03)
+    ns: dict = {}
+    exec(text, ns)
+    assert ns["SPACES"] == sp
+    target = tmp_path / "autotune_spaces.py"
+    target.write_text(f"head = 1\n{autotune_wins.BEGIN}\nSPACES = {{}}\n{autotune_wins.END}\ntail = 2\n")
+    autotune_wins.write_spaces(target, text)
+    ns = {}
+    exec(target.read_text(), ns)
+    assert ns["SPACES"] == sp and ns["head"] == 1 and ns["tail"] == 2
+    autotune_wins.write_spaces(target, text)  # again: still one block
+    assert target.read_text().count(autotune_wins.BEGIN) == 1
+    target.write_text("SPACES = {}\n")
+    import pytest
+    with pytest.raises(SystemExit, match="no '# BEGIN SPACES"):
+        autotune_wins.write_spaces(target, text)
+
+
+def test_the_committed_rows_give_spaces_for_every_bucket_of_the_check():
+    import io
+    import contextlib
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert autotune_wins.main(["--regret", "0.03", "--spaces"]) == 0
+    ns: dict = {}
+    exec(out.getvalue(), ns)
+    # dqkwg's 16-bit space: one config per bucket from d 32 to d 256 (4 warps at K <= 64, 8 at K >= 85)
+    assert set(ns["SPACES"]["chunk_dp_bwd_kernel_dqkwg"]["16bit"]) == {32, 64, 128, 256}

@@ -32,7 +32,7 @@ def test_every_variant_builds_is_valid_python_and_changes_the_kernel():
 
 @pytest.mark.skipif(shutil.which("git") is None or not os.path.isdir(os.path.join(ROOT, ".git")),
                     reason="needs a git checkout")
-@pytest.mark.parametrize("patch", ["dg-lean.patch", "dqkwg-bv32.patch"])
+@pytest.mark.parametrize("patch", ["dg-lean.patch", "autotune-spaces.patch"])
 def test_pending_diag_patches_apply_to_main(patch):
     r = subprocess.run(["git", "apply", "--check", os.path.join("benchmarks", "pending", patch)], cwd=ROOT,
                        capture_output=True, text=True)

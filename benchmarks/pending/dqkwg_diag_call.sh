@@ -9,11 +9,10 @@ mkdir -p "$OUT"
 echo "kernels_sha $(python3 benchmarks/gpu_check.py --kernels-sha)"
 # dg-lean.patch's chunk_bwd.py as one more variant (fewer cross-warp reductions: G_L loaded, two row sums in one, q . dq for 16-bit inputs)
 EXTRA=()
-# and dqkwg-bv32.patch's (V in 32-wide slices at head dims >= 128), gated and non-gated ("-plain": the non-gated build)
-for P in dg-lean dqkwg-bv32; do  # dg-pass (session 25) was 1.13-1.15x slower (session 27): in git history only
+# (dg-pass, session 25, was 1.13-1.15x slower in session 27 and dqkwg-bv32 1.02-1.16x in session 29: in git history)
+for P in dg-lean; do
   if git apply "benchmarks/pending/$P.patch"; then
     cp kernels/delta_product/chunk_bwd.py "$OUT/${P}_chunk_bwd.py" && EXTRA+=(--extra "$P=$OUT/${P}_chunk_bwd.py")
-    [ "$P" = dqkwg-bv32 ] && EXTRA+=(--extra "$P-plain=$OUT/${P}_chunk_bwd.py")
     git apply -R "benchmarks/pending/$P.patch"
   else echo "$P.patch does not apply"; fi
 done
