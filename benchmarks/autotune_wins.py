@@ -71,9 +71,9 @@ def _ms(t):
     return None if t is None or not math.isfinite(float(t)) else float(t)
 
 
-def timed_cases(files, sha: str | None, speed_files=(), with_k: bool = False) -> dict:
-    """{(kernel, dtype): [(case, {short config: ms})]} from the check rows' config_ms and the speed rows' timings
-    (with_k: [(case, {config: ms}, K)], the case's head dim; the speed table's shape is d 128)."""
+def timed_cases(files, sha: str | None, speed_files=(), by=lambda kernel, dtype, k: (kernel, dtype)) -> dict:
+    """{by(kernel, dtype, K): [(case, {short config: ms})]} from the check rows' config_ms and the speed rows' timings
+    (K: the case's head dim; the speed table's shape is d 128). By default the cases of one (kernel, dtype)."""
     out: dict = collections.defaultdict(list)
     for f in files:
         for r in last_rows(f):
@@ -81,7 +81,7 @@ def timed_cases(files, sha: str | None, speed_files=(), with_k: bool = False) ->
                 continue
             for kernel, tm in (r.get("config_ms") or {}).items():
                 ms = {short(c): _ms(t) for c, t in tm.items()}
-                out[(kernel, r["dtype"])].append((f"{Path(f).name}:{r['id']}", ms) + ((r["K"],) if with_k else ()))
+                out[by(kernel, r["dtype"], r["K"])].append((f"{Path(f).name}:{r['id']}", ms))
     for f in speed_files:
         for i, ln in enumerate(Path(f).read_text().splitlines()):
             r = json.loads(ln) if ln.strip() else {}
@@ -89,8 +89,8 @@ def timed_cases(files, sha: str | None, speed_files=(), with_k: bool = False) ->
                 tm = picks.get("timings") if isinstance(picks, dict) else None
                 if tm:  # the benchmark shape of kernels.py: bf16
                     ms = {short(c): _ms(t) for c, t in tm.items()}
-                    out[(kernel, "bfloat16")].append((f"{Path(f).parent.name}/{Path(f).name}:{i}", ms)
-                                                     + ((r.get("K", 128),) if with_k else ()))
+                    cid = f"{Path(f).parent.name}/{Path(f).name}:{i}"
+                    out[by(kernel, "bfloat16", r.get("K", 128))].append((cid, ms))
     return out
 
 
@@ -154,10 +154,7 @@ def spaces(files, sha: str | None, speed_files, limit: float, min_ms: float, min
     space for all head dims keeps the union of every bucket's winners (bf16: 44 builds a forward + backward at d 128
     against ~20 per bucket). Picks without timings (rows before session 28) are not added: a pick carries no margin,
     and at the check's launch-bound shapes it is the tuner's noise."""
-    tc = collections.defaultdict(list)
-    for (kernel, dtype), cases in timed_cases(files, sha, speed_files, with_k=True).items():
-        for cid, ms, k in cases:
-            tc[(kernel, PRECISION[dtype], bucket(k))].append((cid, ms))
+    tc = timed_cases(files, sha, speed_files, by=lambda kernel, dtype, k: (kernel, PRECISION[dtype], bucket(k)))
     out: dict = collections.defaultdict(lambda: collections.defaultdict(dict))
     for (kernel, prec, b), cases in sorted(tc.items()):
         r = cover(cases, limit, min_ms)
