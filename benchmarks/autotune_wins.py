@@ -9,8 +9,11 @@ candidate to prune — after the speed table at the benchmark shape confirms it 
     python3 benchmarks/autotune_wins.py [--sha KERNELS_SHA] [--out results/autotune_wins.md]
     python3 benchmarks/autotune_wins.py --regret 0.03 [--min-ms 0.01] [--sha ...]   # the smallest space that keeps
                                                                                     # every timed case within 3 %
-    python3 benchmarks/autotune_wins.py --regret 0.03 --spaces [--write kernels/delta_product/autotune_spaces.py]
-                                        # that cut per head-dim bucket as autotune_spaces.SPACES (pending patch)
+    python3 benchmarks/autotune_wins.py --regret 0.03 --spaces --sha 589682e8719e83da \
+        --fits benchmarks/results/kernel_resources_s31_*.json [--write kernels/delta_product/autotune_spaces.py]
+                                        # that cut per head-dim bucket as autotune_spaces.SPACES (pending patch),
+                                        # from main's rows only (a pruned tree's rows time only what it kept), with
+                                        # a config that fits kept at every sm_90 launch the --fits files list
 
 Reads every benchmarks/results/gpu_check*_rows.jsonl; a row's `configs` holds each kernel's pick for the last
 shape it tuned in that case (one pick per kernel per case). Rows of one case repeated across calls count once
@@ -143,7 +146,22 @@ def bucket(k: int) -> int:
     return b
 
 
-def spaces(files, sha: str | None, speed_files, limit: float, min_ms: float, min_cases: int = 2) -> dict:
+def fit_launches(fits_files) -> dict:
+    """{(kernel, precision, bucket): [{entry: fits}, ...]}, one dict per launch, from benchmarks/kernel_resources.py
+    --whole-space --json files (every config of every launch compiled for sm_90 on the CPU)."""
+    out: dict = collections.defaultdict(list)
+    for f in fits_files:
+        data = json.loads(Path(f).read_text())
+        for x in data["launches"]:
+            prec = "fp32" if x["dtype"] == "fp32" else "16bit"
+            fit = {_entry(c["config"]): c.get("error") is None and c.get("shared", math.inf) <= data["limit"]
+                   for c in x["configs"]}
+            out[(x["kernel"], prec, bucket(x["d"]))].append(fit)
+    return out
+
+
+def spaces(files, sha: str | None, speed_files, limit: float, min_ms: float, min_cases: int = 2,
+           fits_files=()) -> dict:
     """{kernel: {precision: {bucket: {entry}}}}: per kernel, precision and head-dim bucket, the regret cover's
     configs over the timed cases of that bucket (check rows with config_ms, and the speed table's rows, which are
     bf16 at d 128). A (kernel, precision, bucket) with fewer than `min_cases` timed cases (best >= min_ms) is left
@@ -153,14 +171,33 @@ def spaces(files, sha: str | None, speed_files, limit: float, min_ms: float, min
     best at K <= 64 and 1.2-2x slower at K >= 85; h, h_super and o_tok keep one or two configs a bucket), so one
     space for all head dims keeps the union of every bucket's winners (bf16: 44 builds a forward + backward at d 128
     against ~20 per bucket). Picks without timings (rows before session 28) are not added: a pick carries no margin,
-    and at the check's launch-bound shapes it is the tuner's noise."""
+    and at the check's launch-bound shapes it is the tuner's noise.
+
+    fits_files (kernel_resources.py --whole-space --json): at each launch they list whose kept configs all exceed
+    the SM's shared memory (session 31: dqkwg's 8 warps / 2 stages, kept at 16-bit d 256 from gated and n_h >= 3
+    cases, needs 233-270 KB non-gated at n_h 1-2), the config that fits there with the least summed time relative
+    to each timed case's best is kept too (untimed: the first that fits, in the space's order). Without it such a
+    launch widens to its whole space at run time (kernels.utils.launch): correct, but every config is compiled."""
     tc = timed_cases(files, sha, speed_files, by=lambda kernel, dtype, k: (kernel, PRECISION[dtype], bucket(k)))
+    fl = fit_launches(fits_files)
     out: dict = collections.defaultdict(lambda: collections.defaultdict(dict))
     for (kernel, prec, b), cases in sorted(tc.items()):
         r = cover(cases, limit, min_ms)
         kept = r["kept"]
         if kept and r["timed"] >= min_cases:
-            out[kernel][prec][b] = {_entry(c) for c in kept}
+            keep = {_entry(c) for c in kept}
+            live = [ms for _, ms in cases if any(t is not None for t in ms.values())]
+            cost = collections.Counter()
+            for ms in live:
+                best = min(t for t in ms.values() if t is not None)
+                for c in r["configs"]:
+                    cost[_entry(c)] += (ms.get(c) or math.inf) / best
+            for fit in fl.get((kernel, prec, b), []):
+                if not any(fit.get(e) for e in keep):
+                    ok = [e for e in fit if fit[e]]
+                    if ok:  # none fits at all: kernel_resources reports that launch itself
+                        keep.add(min(ok, key=lambda e: (cost.get(e, math.inf), ok.index(e))))
+            out[kernel][prec][b] = keep
     return {k: dict(d) for k, d in out.items()}
 
 
@@ -211,6 +248,9 @@ def main(argv=None) -> int:
                     help="with --regret: print the kept configs as autotune_spaces.SPACES, per head-dim bucket")
     ap.add_argument("--min-cases", type=int, default=2,
                     help="with --spaces: a bucket is pruned only with at least this many timed cases")
+    ap.add_argument("--fits", type=Path, nargs="*", default=[],
+                    help="with --spaces: kernel_resources.py --whole-space --json files; a launch there whose kept "
+                    "configs all exceed shared memory keeps one that fits")
     ap.add_argument("--write", type=Path, help="with --spaces: replace the SPACES block of this file (a tree with "
                     "benchmarks/pending/autotune-spaces.patch applied: kernels/delta_product/autotune_spaces.py)")
     a = ap.parse_args(argv)
@@ -220,7 +260,8 @@ def main(argv=None) -> int:
         return 1
     if a.regret is not None:
         speed = sorted((ROOT / "benchmarks" / "results").glob("**/kernels_rows*.jsonl"))
-        text = (spaces_python(spaces(files, a.sha, speed, a.regret, a.min_ms, a.min_cases), a.regret) if a.spaces
+        text = (spaces_python(spaces(files, a.sha, speed, a.regret, a.min_ms, a.min_cases, a.fits), a.regret)
+                if a.spaces
                 else regret_markdown(timed_cases(files, a.sha, speed), a.regret, a.min_ms, a.sha))
     else:
         text = markdown(wins(files, a.sha), a.sha, files)

@@ -268,7 +268,17 @@ def main(argv=None) -> int:
                     help="parallel compiles (spawned processes; default: this machine's cores)")
     ap.add_argument("--out", type=Path, help="also write the markdown table here")
     ap.add_argument("--json", type=Path, help="also write every launch and its configs' results here")
+    ap.add_argument("--whole-space", action="store_true",
+                    help="every config of each kernel's autotune space, none of kernels/delta_product/"
+                    "autotune_spaces.py's pruning (where the tree has it: benchmarks/pending/autotune-spaces.patch); "
+                    "what `autotune_wins.py --spaces --fits` reads")
     a = ap.parse_args(argv)
+    if a.whole_space:
+        try:  # a pruned kernel that is widened tries its whole space (the fallback after an OutOfResources)
+            from dpx.kernels.delta_product import autotune_spaces
+            autotune_spaces.WIDENED.update(autotune_spaces.SPACES)
+        except ImportError:
+            pass  # a tree without pruned spaces: every launch already lists its whole space
 
     # pass 1: record every launch and its configs; pass 2: compile each distinct (kernel, config) once, `--jobs` at
     # a time in spawned processes (a compile is a single-threaded MLIR/LLVM/ptxas pipeline: 2 cores, 2x)

@@ -78,13 +78,37 @@ def test_spaces_are_cut_per_head_dim_bucket_and_need_enough_timed_cases(tmp_path
         autotune_wins.write_spaces(target, text)
 
 
+def test_a_launch_where_no_kept_config_fits_keeps_the_cheapest_that_does(tmp_path):
+    # the cover keeps (64, 8, 2) at 16-bit d 128; one launch of that bucket (n_h 2, say) cannot fit it, and of the
+    # two that fit there (64, 4, 2) costs less over the timed cases than (64, 4, 3)
+    ms = {(64, 8, 2): 1.0, (64, 4, 2): 1.2, (64, 4, 3): 1.5}
+    f = tmp_path / "gpu_check_x_rows.jsonl"
+    f.write_text("\n".join([_case("a", "bfloat16", 128, ms), _case("b", "bfloat16", 85, ms)]) + "\n")
+    launch = lambda d, shared: {"kernel": "k", "dtype": "bf16", "d": d, "n_h": 2, "configs": [
+        {"config": f"BV=64 w={w} s={st}", "shared": shared[(w, st)]} for w, st in ((4, 3), (4, 2), (8, 2))]}
+    fits = tmp_path / "fits.json"
+    fits.write_text(json.dumps({"limit": 100, "launches": [
+        launch(128, {(4, 3): 90, (4, 2): 60, (8, 2): 120}),      # (8, 2) over the limit here
+        launch(32, {(4, 3): 900, (4, 2): 900, (8, 2): 900})]}))  # another bucket: not this table's business
+    assert autotune_wins.spaces([f], None, (), 0.03, 0.01)["k"]["16bit"] == {128: {(64, 8, 2)}}
+    assert autotune_wins.spaces([f], None, (), 0.03, 0.01, fits_files=[fits])["k"]["16bit"] == {
+        128: {(64, 8, 2), (64, 4, 2)}}
+    fits.write_text(json.dumps({"limit": 100, "launches": [launch(128, {(4, 3): 90, (4, 2): 60, (8, 2): 80})]}))
+    assert autotune_wins.spaces([f], None, (), 0.03, 0.01, fits_files=[fits])["k"]["16bit"] == {128: {(64, 8, 2)}}
+
+
 def test_the_committed_rows_give_spaces_for_every_bucket_of_the_check():
     import io
     import contextlib
+    fits = sorted(str(p) for p in (Path(autotune_wins.ROOT) / "benchmarks" / "results").glob(
+        "kernel_resources_s31_dqkwg_d256_g*.json"))
+    assert len(fits) == 2
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert autotune_wins.main(["--regret", "0.03", "--spaces"]) == 0
+    with contextlib.redirect_stdout(out):  # main's rows only (the pending patch's check times its pruned spaces)
+        assert autotune_wins.main(["--regret", "0.03", "--spaces", "--sha", "589682e8719e83da", "--fits", *fits]) == 0
     ns: dict = {}
     exec(out.getvalue(), ns)
-    # dqkwg's 16-bit space: one config per bucket from d 32 to d 256 (4 warps at K <= 64, 8 at K >= 85)
-    assert set(ns["SPACES"]["chunk_dp_bwd_kernel_dqkwg"]["16bit"]) == {32, 64, 128, 256}
+    # dqkwg's 16-bit space: one config per bucket from d 32 to d 128 (4 warps at K <= 64, 8 at K >= 85); at d 256
+    # the 8-warp 2-stage build fits only gated or at n_h >= 4, so the 1-stage one is kept beside it
+    dq = ns["SPACES"]["chunk_dp_bwd_kernel_dqkwg"]["16bit"]
+    assert set(dq) == {32, 64, 128, 256} and dq[256] == {(None, 8, 1), (None, 8, 2)}, dq
