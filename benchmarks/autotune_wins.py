@@ -105,15 +105,17 @@ def cover(cases: list, limit: float, min_ms: float) -> dict:
     best = {cid: min(t for t in ms.values() if t is not None) for cid, ms in live}
     ok = {c: {cid for cid, ms in live if ms.get(c) is not None and ms[c] <= (1 + limit) * best[cid]}
           for c in configs}
+    # each config's time relative to each timed case's best, summed (a case it did not run in counts 1e9)
+    cost = {c: sum((ms.get(c) or 1e9) / best[cid] for cid, ms in live) for c in configs}
     left, kept = set(best), []
     while left:  # most cases covered first; ties: the smaller summed relative time
-        c = max((c for c in configs if c not in kept), key=lambda c: (
-            len(ok[c] & left), -sum((ms.get(c) or 1e9) / best[cid] for cid, ms in live)))
+        c = max((c for c in configs if c not in kept), key=lambda c: (len(ok[c] & left), -cost[c]))
         kept.append(c)
         left -= ok[c]
     worst = max((min((ms[c] for c in kept if ms.get(c) is not None), default=math.inf) / best[cid]
                  for cid, ms in live), default=1.0)
-    return {"configs": configs, "kept": kept, "cases": len(cases), "timed": len(live), "worst": worst}
+    return {"configs": configs, "kept": kept, "cases": len(cases), "timed": len(live), "worst": worst,
+            "cost": cost}
 
 
 def regret_markdown(tc: dict, limit: float, min_ms: float, sha: str | None) -> str:
@@ -175,9 +177,10 @@ def spaces(files, sha: str | None, speed_files, limit: float, min_ms: float, min
 
     fits_files (kernel_resources.py --whole-space --json): at each launch they list whose kept configs all exceed
     the SM's shared memory (session 31: dqkwg's 8 warps / 2 stages, kept at 16-bit d 256 from gated and n_h >= 3
-    cases, needs 233-270 KB non-gated at n_h 1-2), the config that fits there with the least summed time relative
-    to each timed case's best is kept too (untimed: the first that fits, in the space's order). Without it such a
-    launch widens to its whole space at run time (kernels.utils.launch): correct, but every config is compiled."""
+    cases, needs 233-270 KB non-gated at n_h 1-3), the config that fits there with the least summed time relative
+    to each timed case's best (the cover's cost) is kept too (untimed: the first that fits, in the space's order).
+    Without it such a launch widens to its whole space at run time (kernels.utils.launch): correct, but every config
+    is compiled."""
     tc = timed_cases(files, sha, speed_files, by=lambda kernel, dtype, k: (kernel, PRECISION[dtype], bucket(k)))
     fl = fit_launches(fits_files)
     out: dict = collections.defaultdict(lambda: collections.defaultdict(dict))
@@ -186,12 +189,7 @@ def spaces(files, sha: str | None, speed_files, limit: float, min_ms: float, min
         kept = r["kept"]
         if kept and r["timed"] >= min_cases:
             keep = {_entry(c) for c in kept}
-            live = [ms for _, ms in cases if any(t is not None for t in ms.values())]
-            cost = collections.Counter()
-            for ms in live:
-                best = min(t for t in ms.values() if t is not None)
-                for c in r["configs"]:
-                    cost[_entry(c)] += (ms.get(c) or math.inf) / best
+            cost = {_entry(c): t for c, t in r["cost"].items()}
             for fit in fl.get((kernel, prec, b), []):
                 if not any(fit.get(e) for e in keep):
                     ok = [e for e in fit if fit[e]]
